@@ -1,0 +1,203 @@
+"""Typed config schemas (Hydra structured configs); no torch import, Hydra only in ``register``.
+
+Enum members are named in lower case (or as the override spells them, like ``B``) because
+OmegaConf matches an override against the member *name*.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Optional
+
+from omegaconf import MISSING
+
+
+class Stem(Enum):
+    auto = "auto"
+    small = "small"
+    standard = "standard"
+
+
+class Activation(Enum):
+    relu = "relu"
+    swish = "swish"
+    prelu = "prelu"
+    gelu = "gelu"
+    mish = "mish"
+
+
+class Norm(Enum):
+    batch = "batch"
+    group = "group"
+    instance = "instance"
+
+
+class Init(Enum):
+    kaiming_normal = "kaiming_normal"
+    kaiming_uniform = "kaiming_uniform"
+    xavier_normal = "xavier_normal"
+    torch_default = "torch_default"
+
+
+class InitMode(Enum):
+    fan_in = "fan_in"
+    fan_out = "fan_out"
+
+
+class Shortcut(Enum):
+    A = "A"
+    B = "B"
+
+
+class AmpDtype(Enum):
+    auto = "auto"
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+
+
+class Device(Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class Loader(Enum):
+    tensor = "tensor"
+    dataloader = "dataloader"
+
+
+class OptimName(Enum):
+    adam = "adam"
+    adamw = "adamw"
+    sgd = "sgd"
+
+
+class SchedName(Enum):
+    multistep = "multistep"
+    cosine = "cosine"
+    cyclic = "cyclic"
+    none = "none"
+
+
+class ParallelMode(Enum):
+    none = "none"
+    ddp = "ddp"
+    dp = "dp"
+
+
+@dataclass
+class ModelConfig:
+    """A zoo member and the switches that reach every block."""
+
+    name: str = MISSING
+    stem: Stem = Stem.auto
+    dsconv: bool = False
+    dsconv_mid_norm: bool = False
+    activation: Activation = Activation.relu
+    norm: Norm = Norm.batch
+    init: Init = Init.kaiming_normal
+    init_mode: InitMode = InitMode.fan_out
+    zero_init_residual: bool = False
+    shortcut: Shortcut = Shortcut.B
+    checkpointing: bool = False
+
+
+@dataclass
+class DataConfig:
+    """A MedMNIST 3D dataset (``name`` is its medmnist flag) or ``synthetic``."""
+
+    name: str = MISSING
+    root: str = "~/.medmnist"
+    size: int = 28
+    download: bool = True
+    url: Optional[str] = None  # null: medmnist's INFO url for this flag and size
+    in_channels: int = 1
+    num_classes: int = MISSING
+    task: str = "multi-class"
+    loader: Loader = Loader.tensor
+    num_workers: int = 0
+    pin_memory: bool = False
+    synthetic_samples: list[int] = field(default_factory=lambda: [256, 64, 64])
+
+    def __post_init__(self) -> None:
+        if self.size not in (28, 64):
+            raise ValueError(f"data.size={self.size} is not a MedMNIST 3D size: use data.size=28 or 64")
+        if self.num_workers < 0:
+            raise ValueError(f"data.num_workers={self.num_workers} must be >= 0")
+
+
+@dataclass
+class OptimConfig:
+    name: OptimName = OptimName.adam
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    momentum: float = 0.9
+    nesterov: bool = False
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+
+
+@dataclass
+class SchedConfig:
+    name: SchedName = SchedName.multistep
+    milestones: list[float] = field(default_factory=lambda: [0.5, 0.75])  # fractions of epochs
+    gamma: float = 0.1
+    min_lr: float = 0.0
+    base_lr: float = 1e-4  # cyclic
+    cycle_epochs: float = 2.0  # cyclic: epochs per up-and-down cycle
+
+
+@dataclass
+class ParallelConfig:
+    mode: ParallelMode = ParallelMode.none
+
+
+@dataclass
+class MlflowConfig:
+    tracking_uri: Optional[str] = None  # null: sqlite:///<project root>/mlflow.db
+    experiment: str = "medsweep"
+
+
+@dataclass
+class Config:
+    """The whole experiment; every top-level key is a sweepable override."""
+
+    data: DataConfig = MISSING
+    model: ModelConfig = MISSING
+    optim: OptimConfig = MISSING
+    sched: SchedConfig = MISSING
+    parallel: ParallelConfig = MISSING
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    amp: bool = False
+    amp_dtype: AmpDtype = AmpDtype.auto
+    batch_size: int = 32
+    accumulate: int = 1
+    epochs: int = 100
+    seed: int = 0
+    deterministic: bool = False
+    limit_batches: Optional[int] = None
+    device: Device = Device.auto
+    num_threads: Optional[int] = None  # null: all cores of this process's affinity
+    grad_clip: Optional[float] = None
+    channels_last: bool = False
+    cudnn_benchmark: bool = False
+    log_every: int = 10
+
+    def __post_init__(self) -> None:
+        for key in ("batch_size", "accumulate", "epochs", "log_every"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key}={getattr(self, key)} must be >= 1")
+        if self.limit_batches is not None and self.limit_batches < 1:
+            raise ValueError(f"limit_batches={self.limit_batches} must be >= 1 or null")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads={self.num_threads} must be >= 1 or null")
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            raise ValueError(f"grad_clip={self.grad_clip} must be > 0 or null")
+
+
+def register() -> None:
+    """Register the schema as ``base_config``; ``conf/config.yaml`` composes on top of it, so every
+    group file is merged into a typed node (a wrong key, type or choice fails at composition)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="base_config", node=Config)
+

@@ -1,0 +1,91 @@
+"""Peak memory and throughput, measured the same way in every run."""
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import torch
+
+_STATUS = Path("/proc/self/status")
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+def _status_kb(field: str) -> int:
+    return int(re.search(rf"^{field}:\s+(\d+) kB", _STATUS.read_text(), re.M).group(1))
+
+
+class MemoryMonitor:
+    """Training peak memory in MiB.
+
+    CUDA: ``torch.cuda.max_memory_allocated`` (and reserved) since :meth:`start`.
+    CPU: growth of the process's peak resident set (``VmHWM``, reset through ``/proc/self/clear_refs``)
+    over its resident size at :meth:`start`, so data loading and imports before training do not count.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.source = "cuda_max_allocated" if device.type == "cuda" else "cpu_rss_peak_growth"
+        self._baseline_kb = 0
+
+    def start(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            _CLEAR_REFS.write_text("5")  # resets VmHWM to the current RSS
+            self._baseline_kb = _status_kb("VmRSS")
+
+    def peak(self) -> dict[str, float]:
+        """``mem/peak_mb`` (and ``mem/peak_reserved_mb`` on CUDA) since :meth:`start`."""
+        if self.device.type == "cuda":
+            return {"mem/peak_mb": torch.cuda.max_memory_allocated(self.device) / 2**20,
+                    "mem/peak_reserved_mb": torch.cuda.max_memory_reserved(self.device) / 2**20}
+        return {"mem/peak_mb": (_status_kb("VmHWM") - self._baseline_kb) / 1024}
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class ThroughputMeter:
+    """Samples/s, ms per optimizer step and the fraction of time spent waiting for data, per epoch.
+
+    The first ``warmup`` optimizer steps of each epoch are not timed (one-off allocations, autotuning);
+    the device is synchronised only at the window's edges.
+    """
+
+    def __init__(self, device: torch.device, warmup: int = 1) -> None:
+        self.device, self.warmup = device, warmup
+
+    def start_epoch(self, steps: int) -> None:
+        self._skip = min(self.warmup, steps - 1)  # an epoch of one step is timed whole
+        self._steps = self._samples = 0
+        self._wait = 0.0
+        self._t0 = None
+        if self._skip == 0:
+            self._open_window()
+
+    def _open_window(self) -> None:
+        synchronize(self.device)
+        self._t0 = time.perf_counter()
+
+    def data_wait(self, seconds: float) -> None:
+        if self._t0 is not None:
+            self._wait += seconds
+
+    def step_done(self, samples: int) -> None:
+        if self._t0 is None:
+            self._skip -= 1
+            if self._skip == 0:
+                self._open_window()
+            return
+        self._steps += 1
+        self._samples += samples
+
+    def end_epoch(self) -> dict[str, float]:
+        synchronize(self.device)
+        elapsed = time.perf_counter() - self._t0
+        return {"perf/samples_per_s": self._samples / elapsed,
+                "perf/step_ms": 1000 * elapsed / self._steps,
+                "perf/data_wait_frac": self._wait / elapsed}

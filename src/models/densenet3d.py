@@ -1,0 +1,133 @@
+"""3D DenseNets 121-264 (Huang et al.; the MONAI layout), optionally memory-efficient (Pleiss et al.)."""
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from src.config import ModelConfig
+from src.models.layers import HalvingAvgPool3d, Layers, init_weights, resolve_stem
+from src.models.registry import register_model
+
+
+@contextlib.contextmanager
+def kept_buffers(module: nn.Module) -> Iterator[None]:
+    """Restore ``module``'s buffers on exit, so a recomputed BatchNorm does not update its running stats twice."""
+    saved = [buffer.clone() for buffer in module.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, value in zip(module.buffers(), saved):
+                buffer.copy_(value)
+
+
+class DenseLayer(nn.Module):
+    """norm, act, 1^3 conv to ``bn_size * growth_rate``, norm, act, 3^3 conv to ``growth_rate`` new maps.
+
+    With ``checkpointing`` (in training, with grad enabled) the concat-norm-act-1^3 conv bottleneck is not
+    stored but recomputed in backward (``torch.utils.checkpoint``, ``use_reentrant=False``), which is
+    Pleiss et al.'s memory-efficient DenseNet; the recomputation leaves BatchNorm's running stats alone.
+    """
+
+    def __init__(self, in_channels: int, growth_rate: int, bn_size: int, layers: Layers, checkpointing: bool) -> None:
+        super().__init__()
+        width = bn_size * growth_rate
+        self.norm1 = layers.norm(in_channels)
+        self.act1 = layers.act(in_channels)
+        self.conv1 = layers.conv(in_channels, width)
+        self.norm2 = layers.norm(width)
+        self.act2 = layers.act(width)
+        self.conv2 = layers.conv(width, growth_rate, 3)
+        self.checkpointing = checkpointing
+
+    def bottleneck(self, *features: torch.Tensor) -> torch.Tensor:
+        return self.conv1(self.act1(self.norm1(torch.cat(features, 1))))
+
+    def forward(self, features: list[torch.Tensor]) -> torch.Tensor:
+        if self.checkpointing and self.training and torch.is_grad_enabled():
+            out = checkpoint(self.bottleneck, *features, use_reentrant=False,
+                             context_fn=lambda: (contextlib.nullcontext(), kept_buffers(self.norm1)))
+        else:
+            out = self.bottleneck(*features)
+        return self.conv2(self.act2(self.norm2(out)))
+
+
+class DenseBlock(nn.ModuleList):
+    """Dense layers, each fed the concatenation of the block input and every earlier layer's maps."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = [x]
+        for layer in self:
+            features.append(layer(features))
+        return torch.cat(features, 1)
+
+
+class DenseNet3D(nn.Sequential):
+    """Stages ``stem, block1, transition1, ..., block4, head`` (head: norm, act, global pool, linear).
+
+    A transition is norm, act, 1^3 conv to ``compression`` of the channels, 2^3 average pool that keeps
+    maps already below 2 voxels (:class:`HalvingAvgPool3d`), so every stem runs at 28^3.
+    ``cfg.zero_init_residual`` is ignored: a DenseNet has no residual branch to zero, so the switch stays
+    valid across a zoo-wide sweep. ``cfg.shortcut`` does not apply either.
+
+    Args:
+        block_config: dense layers per block.
+        cfg: the model switches (stem, activation, norm, dsconv, init, checkpointing).
+        in_channels: input channels.
+        num_classes: logits.
+        size: input edge, which resolves ``stem=auto``.
+        growth_rate: maps each dense layer adds.
+        init_features: stem channels.
+        bn_size: bottleneck width in units of ``growth_rate``.
+        compression: channel fraction a transition keeps.
+    """
+
+    def __init__(self, block_config: Sequence[int], cfg: ModelConfig, in_channels: int, num_classes: int, size: int,
+                 growth_rate: int = 32, init_features: int = 64, bn_size: int = 4, compression: float = 0.5) -> None:
+        layers = Layers.from_config(cfg)
+        stages = OrderedDict(stem=layers.stem(in_channels, init_features, resolve_stem(cfg.stem, size)))
+        channels = init_features
+        for index, num_layers in enumerate(block_config, 1):
+            stages[f"block{index}"] = DenseBlock(
+                DenseLayer(channels + i * growth_rate, growth_rate, bn_size, layers, cfg.checkpointing)
+                for i in range(num_layers))
+            channels += num_layers * growth_rate
+            if index < len(block_config):
+                out_channels = int(channels * compression)
+                stages[f"transition{index}"] = nn.Sequential(OrderedDict(
+                    norm=layers.norm(channels), act=layers.act(channels), conv=layers.conv(channels, out_channels),
+                    pool=HalvingAvgPool3d()))
+                channels = out_channels
+        stages["head"] = layers.head(channels, num_classes, preact=True)
+        super().__init__(stages)
+        init_weights(self, cfg.init, cfg.init_mode, cfg.activation)
+
+
+@register_model
+def densenet121(**kwargs: Any) -> DenseNet3D:
+    """DenseNet-121: blocks (6, 12, 24, 16)."""
+    return DenseNet3D((6, 12, 24, 16), **kwargs)
+
+
+@register_model
+def densenet169(**kwargs: Any) -> DenseNet3D:
+    """DenseNet-169: blocks (6, 12, 32, 32)."""
+    return DenseNet3D((6, 12, 32, 32), **kwargs)
+
+
+@register_model
+def densenet201(**kwargs: Any) -> DenseNet3D:
+    """DenseNet-201: blocks (6, 12, 48, 32)."""
+    return DenseNet3D((6, 12, 48, 32), **kwargs)
+
+
+@register_model
+def densenet264(**kwargs: Any) -> DenseNet3D:
+    """DenseNet-264: blocks (6, 12, 64, 48)."""
+    return DenseNet3D((6, 12, 64, 48), **kwargs)

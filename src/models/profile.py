@@ -1,0 +1,48 @@
+"""Parameter and forward-FLOP counts of zoo models, whole and per stage (for summaries and MFU).
+
+FLOPs are ``torch.utils.flop_counter``'s: 2 per multiply-accumulate of convs and matmuls; norms,
+activations, pools and sums count 0. Forward counts are exact for grouped and depthwise convs too, but
+the counter's *weight-gradient* count for a grouped conv ignores ``groups`` (it overstates a depthwise
+conv's by ``C``), so derive training FLOPs from forward counts (about 3x forward), not by counting backward.
+Models built under ``torch.device("meta")`` are counted without allocating or computing anything.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+
+@dataclass(frozen=True)
+class StageProfile:
+    """One top-level stage: its name, output shape, trainable parameters and forward FLOPs."""
+
+    name: str
+    shape: tuple[int, ...]
+    params: int
+    flops: int
+
+
+def count_params(module: nn.Module) -> int:
+    """Trainable parameters of ``module``."""
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+def forward_flops(module: nn.Module, x: torch.Tensor) -> int:
+    """Forward FLOPs of ``module(x)`` (the whole batch; run in no-grad, mode as the module is)."""
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        module(x)
+    return counter.get_total_flops()
+
+
+def profile_stages(model: nn.Sequential, x: torch.Tensor) -> list[StageProfile]:
+    """Feed ``x`` through each stage of a zoo model (an ``nn.Sequential`` of named stages) in turn."""
+    rows = []
+    with torch.no_grad():
+        for name, stage in model.named_children():
+            with FlopCounterMode(display=False) as counter:
+                x = stage(x)
+            rows.append(StageProfile(name, tuple(x.shape), count_params(stage), counter.get_total_flops()))
+    return rows

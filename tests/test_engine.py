@@ -1,0 +1,111 @@
+"""The train step and evaluation: MedMNIST's metrics, accumulation, precision choices."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from medmnist import Evaluator
+from omegaconf import OmegaConf
+from torch import nn
+
+from src.data import load_splits, make_loader, to_input
+from src.engine import Trainer, medmnist_metrics, resolve_amp_dtype
+from src.errors import UsageError
+from tests.conftest import compose_config
+
+
+def tiny_net(num_classes: int = 2) -> nn.Module:
+    """Batch-independent (GroupNorm), so a split batch gives the same gradients as the whole one."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv3d(1, 4, 3, stride=2), nn.GroupNorm(2, 4), nn.ReLU(), nn.AdaptiveAvgPool3d(1),
+                         nn.Flatten(), nn.Linear(4, num_classes))
+
+
+def trainer_for(*overrides: str, data_root, model: nn.Module | None = None) -> Trainer:
+    cfg = OmegaConf.to_object(compose_config("data=adrenalmnist3d", f"data.root={data_root}", "data.download=false",
+                                             "device=cpu", *overrides))
+    cpu = torch.device("cpu")
+    loaders = {s: make_loader(cfg.data, t, cfg.batch_size, cfg.seed, s == "train", cpu)
+               for s, t in load_splits(cfg.data).items()}
+    return Trainer(cfg, model or tiny_net(), loaders, cpu)
+
+
+def test_binary_metrics_equal_medmnist_evaluator_on_real_labels(shared_data):
+    evaluator = Evaluator("adrenalmnist3d", "test", root=str(shared_data))
+    scores = torch.rand(len(evaluator.labels), 2, generator=torch.Generator().manual_seed(0)).softmax(1).numpy()
+    ours = medmnist_metrics(evaluator.labels.reshape(-1), scores, "binary-class")
+    theirs = evaluator.evaluate(scores)
+    assert ours == {"acc": theirs.ACC, "auc": theirs.AUC}
+
+
+def test_multiclass_metrics_equal_medmnist_evaluator(tmp_path):
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 11, size=(200, 1)).astype(np.uint8)
+    empty = np.zeros((0, 28, 28, 28), np.uint8)
+    np.savez(tmp_path / "organmnist3d.npz", test_images=np.zeros((200, 28, 28, 28), np.uint8), test_labels=labels,
+             train_images=empty, train_labels=labels[:0], val_images=empty, val_labels=labels[:0])
+    scores = torch.from_numpy(rng.normal(size=(200, 11))).softmax(1).numpy()
+    theirs = Evaluator("organmnist3d", "test", root=str(tmp_path)).evaluate(scores)
+    assert medmnist_metrics(labels.reshape(-1), scores, "multi-class") == {"acc": theirs.ACC, "auc": theirs.AUC}
+
+
+def test_trainer_evaluation_matches_evaluator_on_the_model_scores(shared_data):
+    trainer = trainer_for("batch_size=50", data_root=shared_data)
+    ours = trainer.evaluate("val")
+    model = trainer.model.eval()
+    images, labels = load_splits(trainer.cfg.data)["val"]
+    with torch.no_grad():
+        scores = model(to_input(images)).softmax(1).numpy()
+    theirs = Evaluator("adrenalmnist3d", "val", root=str(shared_data)).evaluate(scores)
+    assert ours["val/acc"] == theirs.ACC
+    assert ours["val/auc"] == pytest.approx(theirs.AUC, abs=1e-6)  # batched vs whole forward: float rounding
+    assert ours["val/loss"] == pytest.approx(nn.functional.cross_entropy(model(to_input(images)), labels).item(), rel=1e-5)
+
+
+def test_auc_is_nan_where_a_split_has_one_class():
+    result = medmnist_metrics(np.zeros(4, int), np.full((4, 2), 0.5), "binary-class")
+    assert np.isnan(result["auc"]) and result["acc"] == 1.0
+
+
+def one_step(trainer: Trainer) -> dict[str, torch.Tensor]:
+    trainer.train_epoch(0)
+    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+
+
+def test_accumulation_equals_the_whole_batch(shared_data):
+    sgd = ("optim=sgd", "optim.momentum=0", "optim.weight_decay=0", "sched=none", "optim.lr=0.5")
+    split = one_step(trainer_for("batch_size=4", "accumulate=2", "limit_batches=2", *sgd, data_root=shared_data))
+    whole = one_step(trainer_for("batch_size=8", "accumulate=1", "limit_batches=1", *sgd, data_root=shared_data))
+    untouched = tiny_net().state_dict()
+    for name, value in whole.items():
+        assert not torch.equal(value, untouched[name]), name  # the step moved every parameter
+        torch.testing.assert_close(split[name], value, rtol=1e-4, atol=1e-5)  # float32 summation order
+
+
+def test_steps_per_epoch_follow_limit_and_accumulation(shared_data):
+    trainer = trainer_for("batch_size=16", "accumulate=3", data_root=shared_data)
+    assert trainer.steps_per_epoch == (1188 // 16) // 3
+    assert trainer_for("batch_size=16", "accumulate=3", "limit_batches=7", data_root=shared_data).steps_per_epoch == 2
+
+
+def test_grad_clip_bounds_the_update(shared_data):
+    sgd = ("optim=sgd", "optim.momentum=0", "optim.weight_decay=0", "sched=none", "optim.lr=1.0", "limit_batches=1")
+    before = tiny_net().state_dict()
+    after = one_step(trainer_for("grad_clip=0.001", *sgd, data_root=shared_data))
+    change = torch.sqrt(sum(((after[k] - before[k]) ** 2).sum() for k in before))
+    assert change.item() == pytest.approx(0.001, rel=1e-3)
+
+
+def test_amp_dtype_resolution():
+    cfg = OmegaConf.to_object(compose_config())
+    assert resolve_amp_dtype(cfg, torch.device("cpu")) is torch.bfloat16
+    assert resolve_amp_dtype(cfg, torch.device("cuda")) is torch.float16
+    fp16 = OmegaConf.to_object(compose_config("amp_dtype=float16"))
+    with pytest.raises(UsageError, match="amp_dtype=float16 needs a CUDA device .*use amp_dtype=bfloat16 or auto"):
+        resolve_amp_dtype(fp16, torch.device("cpu"))
+
+
+def test_bf16_autocast_trains_on_cpu(shared_data):
+    trainer = trainer_for("amp=true", "limit_batches=2", "batch_size=4", data_root=shared_data)
+    metrics = trainer.train_epoch(0)
+    assert not trainer.precision.scaler.is_enabled() and np.isfinite(metrics["train/loss"])

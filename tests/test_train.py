@@ -1,0 +1,129 @@
+"""``python -m src.train`` end to end in real processes, into a real MLflow store in a temp dir."""
+from __future__ import annotations
+
+import json
+
+import mlflow
+import pytest
+
+from tests.conftest import run_cli, runs
+
+EPOCH_METRICS = {"train/loss", "train/acc", "val/loss", "val/acc", "val/auc", "perf/samples_per_s", "perf/step_ms",
+                 "perf/data_wait_frac", "mem/peak_mb"}
+FINAL_METRICS = {"test/acc", "test/auc", "model/params", "time/total_s"}
+RESULTS = {"train/loss", "train/acc", "val/loss", "val/acc", "val/auc", "test/acc", "test/auc", "model/params"}
+
+
+def small_run(tmp_path, store, shared_data, *overrides: str) -> tuple[str, ...]:
+    """A quick job on the real AdrenalMNIST3D file, outputs and store under ``tmp_path``."""
+    return ("data=adrenalmnist3d", f"data.root={shared_data}", "data.download=false", "model=resnet10",
+            "batch_size=4", "epochs=2", "limit_batches=3", "num_threads=1", f"mlflow.tracking_uri={store}",
+            f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep", *overrides)
+
+
+def history(uri: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
+    client = mlflow.MlflowClient(uri)
+    return {key: [(m.step, m.value) for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
+            for key in client.get_run(run_id).data.metrics}
+
+
+def test_the_readme_sweep_logs_a_parent_and_two_finished_children(tmp_path, store, shared_data):
+    result = run_cli("-m", "model=densenet121", "amp=true,false", "data=adrenalmnist3d", f"data.root={shared_data}",
+                     "epochs=1", "limit_batches=2", f"mlflow.tracking_uri={store}", f"hydra.sweep.dir={tmp_path}/sweep")
+    assert result.returncode == 0, result.stderr[-3000:]
+    all_runs = runs(store)
+    parents = [r for r in all_runs if r.data.tags.get("role") == "sweep"]
+    children = [r for r in all_runs if r.data.tags.get("mlflow.parentRunId")]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert len(children) == 2 and {r.info.status for r in children} == {"FINISHED"}
+    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parents[0].info.run_id}
+    assert sorted(r.data.params["amp"] for r in children) == ["False", "True"]
+    for run in children:
+        assert EPOCH_METRICS | FINAL_METRICS <= set(run.data.metrics)
+        params, tags = run.data.params, run.data.tags
+        assert params["model.name"] == "densenet121" and params["effective_batch_size"] == "32"
+        assert params["data.name"] == "adrenalmnist3d" and params["optim.name"] == "adam"
+        assert {"config_hash", "git_commit", "torch_version", "cuda_version", "host", "overrides"} <= set(tags)
+        assert tags["mem.source"] == "cpu_rss_peak_growth"
+        artifacts = {a.path for a in mlflow.MlflowClient(store).list_artifacts(run.info.run_id)}
+        assert {".hydra", "metrics.json"} <= artifacts
+        assert run.data.metrics["model/params"] > 11e6 and run.data.metrics["perf/samples_per_s"] > 0
+    assert len({r.data.tags["config_hash"] for r in children}) == 2
+    job_dirs = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir())
+    assert job_dirs == ["0", "1"]
+    saved = json.loads((tmp_path / "sweep" / "0" / "metrics.json").read_text())
+    assert FINAL_METRICS == set(saved)
+
+
+def test_same_seed_reruns_are_bitwise_identical(tmp_path, store, shared_data):
+    for name in ("a", "b"):
+        result = run_cli(*small_run(tmp_path / name, store, shared_data, "seed=3", "deterministic=true"))
+        assert result.returncode == 0, result.stderr[-3000:]
+    first, second = (history(store, r.info.run_id) for r in runs(store))
+    for key in RESULTS:
+        assert first[key] == second[key], key
+    assert len(first["train/loss"]) == 2  # one value per epoch
+
+
+def test_another_seed_changes_the_run(tmp_path, store, shared_data):
+    for seed in (1, 2):
+        assert run_cli(*small_run(tmp_path / str(seed), store, shared_data, f"seed={seed}")).returncode == 0
+    first, second = (history(store, r.info.run_id) for r in runs(store))
+    assert first["train/loss"] != second["train/loss"]
+
+
+BAD_INPUTS = [
+    (("model.name=resnet7",), "model.name=resnet7 is not a registered model: use one of"),
+    (("batch_size=0",), "batch_size=0 must be >= 1"),
+    (("accumulate=0",), "accumulate=0 must be >= 1"),
+    (("amp_dtype=float16",), "amp_dtype=float16 needs a CUDA device"),
+    (("data.root=/nonexistent",), "/nonexistent/adrenalmnist3d.npz not found and data.download=false"),
+    (("mlflow.tracking_uri=http://127.0.0.1:9",), "mlflow.tracking_uri=http://127.0.0.1:9 is unreachable"),
+    (("batch_size=2000",), "batch_size x accumulate = 2000 exceeds the 1188 training samples"),
+]
+
+
+def test_bad_inputs_fail_in_one_line_and_touch_no_finished_run(tmp_path, store, shared_data):
+    assert run_cli(*small_run(tmp_path / "ok", store, shared_data, "epochs=1")).returncode == 0
+    (finished,) = runs(store)
+    for overrides, message in BAD_INPUTS:
+        result = run_cli(*small_run(tmp_path / "bad", store, shared_data, *overrides))
+        assert result.returncode == 2, (overrides, result.stderr[-2000:])
+        lines = result.stderr.strip().splitlines()
+        assert lines[-1].startswith("error: ") and message in lines[-1], (overrides, result.stderr[-2000:])
+        assert "Traceback" not in result.stderr
+    (after,) = runs(store)
+    assert after.info.status == "FINISHED" and after.data.metrics == finished.data.metrics
+
+
+def test_corrupt_npz_is_refused(tmp_path, store):
+    (tmp_path / "adrenalmnist3d.npz").write_bytes(b"not a zip")
+    result = run_cli(*small_run(tmp_path, store, tmp_path))
+    assert result.returncode == 2
+    assert "adrenalmnist3d.npz has MD5" in result.stderr and "delete it and rerun with data.download=true" in result.stderr
+
+
+def test_unknown_model_group_option_names_the_choices(tmp_path, store, shared_data):
+    result = run_cli(*small_run(tmp_path, store, shared_data, "model=resnet7"))
+    assert result.returncode != 0
+    assert "Could not find 'model/resnet7'" in result.stderr and "resnet18" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_failing_job_fails_the_parent_and_keeps_the_finished_child(tmp_path, store, shared_data):
+    result = run_cli("-m", *small_run(tmp_path, store, shared_data, "epochs=1", "amp=true",
+                                      "amp_dtype=bfloat16,float16"))
+    assert result.returncode == 2
+    parent = next(r for r in runs(store) if r.data.tags.get("role") == "sweep")
+    children = [r for r in runs(store) if r.data.tags.get("mlflow.parentRunId")]
+    assert parent.info.status == "FAILED"
+    assert [(r.data.params["amp_dtype"], r.info.status) for r in children] == [("bfloat16", "FINISHED")]
+
+
+@pytest.mark.slow
+def test_full_sweep_over_schedulers_and_loaders(tmp_path, store, shared_data):
+    result = run_cli("-m", *small_run(tmp_path, store, shared_data, "sched=multistep,cosine,cyclic",
+                                      "data.loader=tensor,dataloader", "optim=sgd"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    children = [r for r in runs(store) if r.data.tags.get("mlflow.parentRunId")]
+    assert len(children) == 6 and {r.info.status for r in children} == {"FINISHED"}

@@ -85,6 +85,12 @@ class ParallelMode(Enum):
     dp = "dp"
 
 
+class Backend(Enum):
+    auto = "auto"
+    nccl = "nccl"
+    gloo = "gloo"
+
+
 @dataclass
 class ModelConfig:
     """A zoo member and the switches that reach every block."""
@@ -148,7 +154,25 @@ class SchedConfig:
 
 @dataclass
 class ParallelConfig:
+    """``ddp``: ``nproc`` ranks spawned by the job (or started by torchrun / SLURM); ``dp``: DataParallel."""
+
     mode: ParallelMode = ParallelMode.none
+    nproc: Optional[int] = None  # null: the visible GPUs, or 2 on CPU
+    backend: Backend = Backend.auto  # auto: nccl on CUDA, gloo on CPU
+    sync_bn: bool = False
+    timeout_s: int = 600  # a collective waiting longer than this fails the job
+
+    def __post_init__(self) -> None:
+        if self.nproc is not None and self.nproc < 1:
+            raise ValueError(f"parallel.nproc={self.nproc} must be >= 1 or null")
+
+
+@dataclass
+class FaultConfig:
+    """Fault injection for tests: ``kill_rank`` SIGKILLs itself after optimizer step ``kill_step``."""
+
+    kill_rank: Optional[int] = None
+    kill_step: int = 1
 
 
 @dataclass
@@ -167,6 +191,7 @@ class Config:
     sched: SchedConfig = MISSING
     parallel: ParallelConfig = MISSING
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
     amp: bool = False
     amp_dtype: AmpDtype = AmpDtype.auto
     batch_size: int = 32

@@ -148,24 +148,32 @@ def to_input(images: torch.Tensor) -> torch.Tensor:
 
 
 class SeededPermutation(Sampler[int]):
-    """A shuffled order fixed by ``(seed, epoch)``: reruns and resumed runs see the same batches."""
+    """A shuffled order fixed by ``(seed, epoch)``: reruns and resumed runs see the same batches.
 
-    def __init__(self, n: int, seed: int, shuffle: bool = True) -> None:
-        self.n, self.seed, self.shuffle, self.epoch = n, seed, shuffle, 0
+    With ``world`` ranks, rank ``r`` takes every ``world``-th index from ``r`` of the one shared order
+    (padded from its start to a multiple of ``world``, as DistributedSampler does), so at every step the
+    ranks' batches together are the single-process batch of ``world`` times the size.
+    """
+
+    def __init__(self, n: int, seed: int, shuffle: bool = True, rank: int = 0, world: int = 1) -> None:
+        self.n, self.seed, self.shuffle, self.rank, self.world, self.epoch = n, seed, shuffle, rank, world, 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def order(self) -> torch.Tensor:
-        if not self.shuffle:
-            return torch.arange(self.n)
-        return torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 100_003 + self.epoch))
+        if self.shuffle:
+            order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 100_003 + self.epoch))
+        else:
+            order = torch.arange(self.n)
+        padded = torch.cat([order, order[:len(self) * self.world - self.n]])
+        return padded[self.rank::self.world]
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.order().tolist())
 
     def __len__(self) -> int:
-        return self.n
+        return -(-self.n // self.world)
 
 
 @dataclass
@@ -190,10 +198,11 @@ class TensorLoader:
 
 
 def make_loader(cfg: DataConfig, split: tuple[torch.Tensor, torch.Tensor], batch_size: int, seed: int,
-                train: bool, device: torch.device) -> TensorLoader | DataLoader:
-    """A loader yielding uint8 image batches and labels; training order is seeded and drops the last partial batch."""
+                train: bool, device: torch.device, rank: int = 0, world: int = 1) -> TensorLoader | DataLoader:
+    """A loader yielding uint8 image batches and labels; training order is seeded, sharded over ``world``
+    ranks, and drops the last partial batch. Evaluation loaders are whole and in order."""
     images, labels = split
-    sampler = SeededPermutation(len(labels), seed, shuffle=train)
+    sampler = SeededPermutation(len(labels), seed, shuffle=train, rank=rank, world=world if train else 1)
     if cfg.loader is Loader.tensor:
         return TensorLoader(images.to(device), labels.to(device), batch_size, sampler, drop_last=train)
     return DataLoader(TensorDataset(images, labels), batch_size=batch_size, sampler=sampler, drop_last=train,

@@ -5,18 +5,23 @@ import contextlib
 import copy
 import logging
 import math
+import os
+import signal
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from medmnist.evaluator import getACC, getAUC
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from src.config import AmpDtype, Config, Device, OptimConfig, OptimName, SchedConfig, SchedName
 from src.data import to_input
+from src.dist import Rank, all_reduce, gather
 from src.errors import UsageError
 from src.measure import MemoryMonitor, ThroughputMeter
 
@@ -90,13 +95,19 @@ def medmnist_metrics(labels: np.ndarray, scores: np.ndarray, task: str) -> dict[
 
 
 class Trainer:
-    """Owns the model, optimizer, schedule and precision of one run; ``fit`` trains, validates and tests."""
+    """Owns the model, optimizer, schedule and precision of one rank; ``fit`` trains, validates and tests.
 
-    def __init__(self, cfg: Config, model: torch.nn.Module, loaders: dict, device: torch.device) -> None:
-        self.cfg, self.model, self.loaders, self.device = cfg, model, loaders, device
+    ``model`` may be wrapped (DDP, DataParallel); evaluation uses the bare module on the main rank only.
+    """
+
+    def __init__(self, cfg: Config, model: torch.nn.Module, loaders: dict, device: torch.device,
+                 rank: Rank = Rank()) -> None:
+        self.cfg, self.model, self.loaders, self.device, self.rank = cfg, model, loaders, device, rank
+        self.net = getattr(model, "module", model)
         self.memory_format = torch.channels_last_3d if cfg.channels_last else torch.contiguous_format
         self.precision = Precision.build(cfg.amp, resolve_amp_dtype(cfg, device), device)
         self.optimizer = build_optimizer(cfg.optim, model.parameters())
+        self.kill_after_step = cfg.fault.kill_step if cfg.fault.kill_rank == rank.rank else None
         micro = len(loaders["train"]) if cfg.limit_batches is None else min(cfg.limit_batches, len(loaders["train"]))
         self.steps_per_epoch = max(1, micro // cfg.accumulate)
         self.scheduler, self.sched_per_step = build_scheduler(cfg.sched, self.optimizer, cfg.epochs,
@@ -108,12 +119,17 @@ class Trainer:
         images, labels = (t.to(self.device, non_blocking=True) for t in batch)
         return to_input(images).contiguous(memory_format=self.memory_format), labels
 
-    def _micro_step(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Forward and backward of one micro-batch; returns its detached loss and correct count."""
-        with self.precision.autocast():
+    def _micro_step(self, images: torch.Tensor, labels: torch.Tensor,
+                    sync: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward and backward of one micro-batch; returns its detached loss and correct count.
+
+        ``sync=False`` (a non-final micro-step of an accumulation) skips DDP's gradient all-reduce.
+        """
+        no_sync = not sync and isinstance(self.model, DistributedDataParallel)
+        with self.model.no_sync() if no_sync else contextlib.nullcontext(), self.precision.autocast():
             logits = self.model(images)
             loss = F.cross_entropy(logits, labels)
-        self.precision.scaler.scale(loss / self.cfg.accumulate).backward()
+            self.precision.scaler.scale(loss / self.cfg.accumulate).backward()
         return loss.detach(), (logits.argmax(1) == labels).sum()
 
     def _optimizer_step(self) -> None:
@@ -138,35 +154,51 @@ class Trainer:
         self.meter.start_epoch(self.steps_per_epoch)
         bar = tqdm(range(self.steps_per_epoch), desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=None, leave=False)
         for step in bar:
-            for _ in range(cfg.accumulate):
+            for micro in range(cfg.accumulate):
                 waited = time.perf_counter()
                 batch = next(batches)
                 self.meter.data_wait(time.perf_counter() - waited)
-                loss, hits = self._micro_step(*self._batch(batch))
+                loss, hits = self._micro_step(*self._batch(batch), sync=micro == cfg.accumulate - 1)
                 loss_sum += loss
                 correct += hits
             self._optimizer_step()
             self.meter.step_done(samples_per_step)
+            if epoch * self.steps_per_epoch + step + 1 == self.kill_after_step:
+                os.kill(os.getpid(), signal.SIGKILL)  # fault injection (tests): this rank dies here
             if (step + 1) % cfg.log_every == 0:  # the only host sync inside the epoch
                 bar.set_postfix(loss=f"{loss.item():.4f}")
         if self.scheduler is not None and not self.sched_per_step:
             self.scheduler.step()
-        micro_steps = self.steps_per_epoch * cfg.accumulate
-        return {"train/loss": loss_sum.item() / micro_steps,
-                "train/acc": correct.item() / (micro_steps * cfg.batch_size),
-                **self.meter.end_epoch(), **self.memory.peak()}
+        return self._epoch_metrics(loss_sum, correct)
+
+    def _epoch_metrics(self, loss_sum: torch.Tensor, correct: torch.Tensor) -> dict[str, float]:
+        """Training metrics over all ranks: mean loss and accuracy, summed throughput, slowest step, max memory."""
+        micro_steps = self.steps_per_epoch * self.cfg.accumulate * self.rank.world
+        perf, memory = self.meter.end_epoch(), self.memory.peak()
+        sums = all_reduce({"loss": loss_sum, "correct": correct.double(),
+                           "perf/samples_per_s": torch.tensor(perf["perf/samples_per_s"], device=self.device)},
+                          dist.ReduceOp.SUM)
+        maxima = all_reduce({k: torch.tensor(v, device=self.device) for k, v in {**perf, **memory}.items()
+                             if k != "perf/samples_per_s"}, dist.ReduceOp.MAX)
+        metrics = {"train/loss": sums["loss"].item() / micro_steps,
+                   "train/acc": sums["correct"].item() / (micro_steps * self.cfg.batch_size),
+                   "perf/samples_per_s": sums["perf/samples_per_s"].item(), **{k: v.item() for k, v in maxima.items()}}
+        if self.rank.world > 1:
+            per_rank = gather(memory["mem/peak_mb"], self.device)
+            metrics.update({f"mem/peak_mb/rank{k}": v for k, v in enumerate(per_rank)})
+        return metrics
 
     @torch.no_grad()
     def evaluate(self, split: str) -> dict[str, float]:
         """Loss, ACC and AUC on ``split`` (at most ``limit_batches`` batches)."""
-        self.model.eval()
+        self.net.eval()
         loss_sum, scores, labels = torch.zeros((), device=self.device), [], []
         for i, batch in enumerate(self.loaders[split]):
             if self.cfg.limit_batches is not None and i == self.cfg.limit_batches:
                 break
             images, target = self._batch(batch)
             with self.precision.autocast():
-                logits = self.model(images)
+                logits = self.net(images)
             loss_sum += F.cross_entropy(logits.float(), target, reduction="sum")
             scores.append(logits.float().softmax(1))
             labels.append(target)
@@ -176,21 +208,29 @@ class Trainer:
                 f"{split}/auc": metrics["auc"]}
 
     def fit(self, log_metrics: Callable[[dict[str, float], int], None]) -> dict[str, float]:
-        """Train ``epochs`` epochs, validating each; test the weights with the best validation AUC."""
+        """Train ``epochs`` epochs, validating each; test the weights with the best validation AUC.
+
+        Only the main rank validates, tests, logs and returns metrics; the others return ``{}``.
+        """
         start = time.perf_counter()
         best_auc, best_state = -math.inf, None
         self.memory.start()
         for epoch in range(self.cfg.epochs):
-            metrics = {**self.train_epoch(epoch), **self.evaluate("val")}
+            metrics = self.train_epoch(epoch)
+            if not self.rank.is_main:
+                continue
+            metrics.update(self.evaluate("val"))
             log_metrics(metrics, epoch)
             log.info("epoch %d/%d %s", epoch + 1, self.cfg.epochs,
                      " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
             if best_state is None or metrics["val/auc"] > best_auc:
-                best_auc, best_state = metrics["val/auc"], copy.deepcopy(self.model.state_dict())
-        self.model.load_state_dict(best_state)
+                best_auc, best_state = metrics["val/auc"], copy.deepcopy(self.net.state_dict())
+        if not self.rank.is_main:
+            return {}
+        self.net.load_state_dict(best_state)
         test = self.evaluate("test")
         final = {"test/acc": test["test/acc"], "test/auc": test["test/auc"],
-                 "model/params": float(sum(p.numel() for p in self.model.parameters() if p.requires_grad)),
+                 "model/params": float(sum(p.numel() for p in self.net.parameters() if p.requires_grad)),
                  "time/total_s": time.perf_counter() - start}
         log_metrics(final, self.cfg.epochs)
         return final

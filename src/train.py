@@ -1,26 +1,35 @@
 """Entry point: ``python -m src.train [-m] key=value ...`` trains one composed experiment per job.
 
-The config is resolved and validated once, here; library code takes typed values.
+The config is resolved and validated once, in the job; ranks get the typed config. The job owns the
+MLflow run: it exists before any rank starts and is closed FINISHED or FAILED by the job whatever
+the ranks do. Under torchrun or a multi-task SLURM job the ranks are already there; rank 0 owns it.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import logging
 import os
 import random
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import hydra
 import mlflow
 import numpy as np
 import torch
+import torch.multiprocessing as mp
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from src import config as schema
-from src.data import load_splits, make_loader
+from src import dist
+from src.config import ParallelMode
+from src.data import ensure_file, load_splits, make_loader
 from src.engine import Trainer, resolve_amp_dtype, resolve_device
 from src.errors import UsageError
 from src.models import MODELS, build_model
@@ -30,9 +39,22 @@ log = logging.getLogger(__name__)
 schema.register()
 
 
-def seed_everything(cfg: schema.Config) -> int:
-    """Seed Python, NumPy and torch, fix the thread count, and enforce determinism when asked."""
-    threads = cfg.num_threads or len(os.sched_getaffinity(0))
+@dataclass(frozen=True)
+class Job:
+    """What every rank of one job needs, picklable for spawned ranks."""
+
+    cfg: schema.Config
+    device_type: str
+    run_id: str | None
+    tracking_uri: str
+    output_dir: Path
+    log_file: Path
+    gpus: tuple[int, ...] = ()  # devices of an in-process rank; spawned ranks use cuda:<local rank>
+
+
+def seed_everything(cfg: schema.Config, ranks_on_node: int = 1) -> int:
+    """Seed Python, NumPy and torch, fix this rank's thread count, and enforce determinism when asked."""
+    threads = cfg.num_threads or max(1, len(os.sched_getaffinity(0)) // ranks_on_node)
     torch.set_num_threads(threads)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
@@ -55,14 +77,121 @@ def validate(cfg: DictConfig) -> tuple[schema.Config, torch.device]:
         raise UsageError(f"model.name={typed.model.name} is not a registered model: use one of {', '.join(MODELS)}")
     device = resolve_device(typed)
     resolve_amp_dtype(typed, device)
+    dist.check(typed, device)
     return typed, device
 
 
-def check_split_sizes(cfg: schema.Config, splits: dict) -> None:
-    need, have = cfg.batch_size * cfg.accumulate, len(splits["train"][1])
+def data_parallel_width(cfg: schema.Config, gpus: tuple[int, ...]) -> int:
+    """How many devices share one loader batch: the GPUs of ``parallel=dp``, else 1."""
+    return len(gpus) if cfg.parallel.mode is ParallelMode.dp else 1
+
+
+def check_split_sizes(cfg: schema.Config, world: int) -> None:
+    need = cfg.batch_size * cfg.accumulate * world
+    have = len(load_splits(cfg.data)["train"][1])
     if need > have:
-        raise UsageError(f"batch_size x accumulate = {need} exceeds the {have} training samples of "
+        raise UsageError(f"batch_size x accumulate x ranks = {need} exceeds the {have} training samples of "
                          f"{cfg.data.name}: lower batch_size or accumulate")
+
+
+def wrap(model: torch.nn.Module, cfg: schema.Config, device: torch.device, rank: dist.Rank,
+         gpus: tuple[int, ...]) -> torch.nn.Module:
+    """DDP (with SyncBatchNorm when asked) for several ranks, DataParallel for ``parallel=dp``."""
+    if rank.world > 1:
+        if cfg.parallel.sync_bn:
+            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        return torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+    if cfg.parallel.mode is ParallelMode.dp:
+        return torch.nn.DataParallel(model, device_ids=list(gpus))
+    return model
+
+
+def run_rank(job: Job, rank: dist.Rank, init_method: str = "env://") -> dict[str, float]:
+    """One rank's whole training: process group, seeding, model, loaders, fit; rank 0 logs to the run."""
+    cfg = job.cfg
+    if rank.world > 1:
+        dist.init_process_group(cfg, torch.device(job.device_type), rank, init_method)
+    try:
+        index = job.gpus[0] if job.gpus else rank.local_rank
+        device = torch.device("cuda", index) if job.device_type == "cuda" else torch.device("cpu")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        threads = seed_everything(cfg, ranks_on_node=int(os.environ.get("LOCAL_WORLD_SIZE", rank.world)))
+        log.info("rank %d/%d on %s with %d threads", rank.rank, rank.world, device, threads)
+        splits = load_splits(cfg.data)
+        model = build_model(cfg.model, cfg.data.in_channels, cfg.data.num_classes, cfg.data.size)
+        memory_format = torch.channels_last_3d if cfg.channels_last else torch.contiguous_format
+        model = wrap(model.to(device, memory_format=memory_format), cfg, device, rank, job.gpus)
+        batch = cfg.batch_size * data_parallel_width(cfg, job.gpus)
+        loaders = {split: make_loader(cfg.data, tensors, batch, cfg.seed, split == "train", device, rank.rank, rank.world)
+                   for split, tensors in splits.items()}
+        trainer = Trainer(cfg, model, loaders, device, rank)
+        run = RunLogger(mlflow.MlflowClient(job.tracking_uri), job.run_id) if rank.is_main else None
+        if run:
+            run.set_tags({"mem.source": trainer.memory.source, "device": str(device), "num_threads": str(threads)})
+        final = trainer.fit(run.log_metrics if run else lambda metrics, step: None)
+        if rank.is_main:
+            (job.output_dir / "metrics.json").write_text(json.dumps(final, indent=2))
+        return final
+    finally:
+        if rank.world > 1:
+            torch.distributed.destroy_process_group()
+
+
+def spawned_rank(index: int, job: Job, world: int, init_method: str) -> None:
+    """Entry of a rank spawned by the job: log like the job does, then :func:`run_rank`."""
+    handlers = [logging.StreamHandler(), logging.FileHandler(job.log_file)] if index == 0 else [logging.StreamHandler()]
+    logging.basicConfig(level=logging.INFO if index == 0 else logging.WARNING, handlers=handlers,
+                        format=f"[%(asctime)s][rank{index}][%(name)s][%(levelname)s] - %(message)s")
+    run_rank(job, dist.Rank(index, world, index), init_method)
+
+
+@contextlib.contextmanager
+def visible_gpus(gpus: tuple[int, ...]) -> Iterator[None]:
+    """Show processes started inside only ``gpus`` (indices into this process's visible GPUs)."""
+    if not gpus:
+        yield
+        return
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    physical = before.split(",") if before else [str(i) for i in range(torch.cuda.device_count())]
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(physical[i] for i in gpus)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
+
+
+def spawn_ranks(job: Job, world: int) -> dict[str, float]:
+    """Start ``world`` ranks with the ``spawn`` method on a free port.
+
+    torch.multiprocessing watches them: when one dies the others are terminated and this raises. The
+    process-wide start method is set too: a spawned child restores its parent's, and a joblib (loky)
+    worker's own, ``loky``, does not exist in a fresh interpreter.
+    """
+    init_method = f"tcp://127.0.0.1:{dist.free_port()}"
+    mp.set_start_method("spawn", force=True)
+    with visible_gpus(job.gpus):
+        mp.start_processes(spawned_rank, args=(dataclasses.replace(job, gpus=()), world, init_method),
+                           nprocs=world, start_method="spawn")
+    return json.loads((job.output_dir / "metrics.json").read_text())
+
+
+@contextlib.contextmanager
+def job_gpus(hydra_cfg: DictConfig) -> Iterator[tuple[int, ...]]:
+    """This job's GPUs: all visible ones, or, under a launcher running ``n_jobs`` jobs at once on this
+    machine, its own share, held through a slot lock for the job's lifetime."""
+    count = torch.cuda.device_count()
+    n_jobs = OmegaConf.select(hydra_cfg, "launcher.n_jobs", default=1) if hydra_cfg.mode is RunMode.MULTIRUN else 1
+    n_jobs = count if n_jobs == -1 else n_jobs  # joblib's -1: as many jobs as CPUs; here at most one per GPU
+    if not count or n_jobs <= 1:
+        yield tuple(range(count))
+        return
+    per_job = max(1, count // n_jobs)
+    with dist.gpu_slot(Path(hydra_cfg.sweep.dir), n_jobs) as slot:
+        yield tuple((slot * per_job + i) % count for i in range(per_job))
 
 
 def run_name(overrides: list[str]) -> str:
@@ -73,38 +202,37 @@ def train(cfg: DictConfig) -> float:
     """Validate, then train and evaluate one job into its own MLflow run; returns the test AUC."""
     typed, device = validate(cfg)
     hydra_cfg = HydraConfig.get()
-    uri = tracking_uri(typed)
-    client = ensure_store(uri)
-    splits = load_splits(typed.data)
-    check_split_sizes(typed, splits)
-    threads = seed_everything(typed)
-
-    model = build_model(typed.model, typed.data.in_channels, typed.data.num_classes, typed.data.size)
-    model = model.to(device, memory_format=torch.channels_last_3d if typed.channels_last else torch.contiguous_format)
-    loaders = {split: make_loader(typed.data, tensors, typed.batch_size, typed.seed, split == "train", device)
-               for split, tensors in splits.items()}
-    trainer = Trainer(typed, model, loaders, device)
-
+    ddp = typed.parallel.mode is ParallelMode.ddp
+    external = dist.external_rank() if ddp else None
     output_dir = Path(hydra_cfg.runtime.output_dir)
-    multirun = hydra_cfg.mode is RunMode.MULTIRUN
-    params = flatten(cfg)
-    params["effective_batch_size"] = str(typed.batch_size * typed.accumulate)
-    params["num_threads_used"] = str(threads)
-    run = RunLogger.start(
-        client, typed.mlflow.experiment, run_name(list(hydra_cfg.overrides.task)), params,
-        tags={"config_hash": config_hash(params), "overrides": " ".join(hydra_cfg.overrides.task),
-              "mem.source": trainer.memory.source, "device": str(device), "output_dir": str(output_dir.resolve()),
-              **environment_tags()},
-        parent_id=read_parent_id(Path(hydra_cfg.sweep.dir)) if multirun else None)
-    log.info("MLflow run %s in %s; output %s", run.run_id, uri, output_dir)
-    try:
-        final = trainer.fit(run.log_metrics)
-        (output_dir / "metrics.json").write_text(json.dumps(final, indent=2))
-        run.log_artifacts(output_dir / ".hydra", ".hydra")
-        run.log_artifacts(output_dir)  # metrics.json and the job log
-    except BaseException:
-        run.finish("KILLED" if sys.exc_info()[0] is KeyboardInterrupt else "FAILED")
-        raise
+    job = Job(typed, device.type, None, tracking_uri(typed), output_dir,
+              output_dir / f"{hydra_cfg.job.name}.log")
+    if external is not None and not external.is_main:  # torchrun / SLURM rank > 0: train, log nothing
+        run_rank(job, external)
+        return float("nan")
+
+    client = ensure_store(job.tracking_uri)
+    ensure_file(typed.data)
+    with job_gpus(hydra_cfg) if device.type == "cuda" else contextlib.nullcontext(()) as gpus:
+        world = external.world if external else dist.world_size(typed, gpus) if ddp else data_parallel_width(typed, gpus)
+        check_split_sizes(typed, world)
+        params = {**flatten(cfg), "effective_batch_size": str(typed.batch_size * typed.accumulate * world),
+                  "world_size": str(world)}
+        multirun = hydra_cfg.mode is RunMode.MULTIRUN
+        run = RunLogger.start(
+            client, typed.mlflow.experiment, run_name(list(hydra_cfg.overrides.task)), params,
+            tags={"config_hash": config_hash(params), "overrides": " ".join(hydra_cfg.overrides.task),
+                  "output_dir": str(output_dir.resolve()), **environment_tags()},
+            parent_id=read_parent_id(Path(hydra_cfg.sweep.dir)) if multirun else None)
+        job = dataclasses.replace(job, run_id=run.run_id, gpus=gpus)
+        log.info("MLflow run %s in %s; output %s", run.run_id, job.tracking_uri, output_dir)
+        try:
+            final = spawn_ranks(job, world) if ddp and external is None else run_rank(job, external or dist.Rank())
+            run.log_artifacts(output_dir / ".hydra", ".hydra")
+            run.log_artifacts(output_dir)  # metrics.json and the job log
+        except BaseException:
+            run.finish("KILLED" if sys.exc_info()[0] is KeyboardInterrupt else "FAILED")
+            raise
     run.finish("FINISHED")
     log.info("test/acc=%.4f test/auc=%.4f in %.1f s", final["test/acc"], final["test/auc"], final["time/total_s"])
     return final["test/auc"]
@@ -118,7 +246,7 @@ def fail_parent_run(cfg: DictConfig) -> None:
         mlflow.MlflowClient(tracking_uri(cfg)).set_terminated(parent_id, "FAILED")
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+@hydra.main(config_path=str(Path(__file__).resolve().parent.parent / "conf"), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float:
     try:
         return train(cfg)
@@ -132,4 +260,8 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    if int(os.environ.get("RANK", "0")) > 0:  # torchrun / SLURM rank > 0: rank 0 owns the output folder
+        sys.argv += ["hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=stdout"]
+    from src.train import main as importable_main  # launchers pickle the task by reference, not __main__'s copy
+
+    importable_main()

@@ -1,0 +1,126 @@
+"""Ranks and process groups: spawned from inside a Hydra job, or started by torchrun or SLURM (submitit)."""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from src.config import Backend, Config, ParallelMode
+from src.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Rank:
+    """Where this process stands: global rank, world size, rank on its node."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def free_port() -> int:
+    """A TCP port the OS says is free now (bind port 0), so parallel sweep jobs never collide."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def external_rank() -> Rank | None:
+    """The rank torchrun (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``) or a multi-task submitit job (SLURM or
+    local, ``tasks_per_node`` x ``nodes`` tasks) started us as; submitit's variables are exported for ``env://``."""
+    if "RANK" not in os.environ and "SUBMITIT_EXECUTOR" in os.environ:
+        from submitit import JobEnvironment
+        from submitit.helpers import TorchDistributedEnvironment
+
+        if JobEnvironment().num_tasks > 1:
+            TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    return Rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def world_size(cfg: Config, gpus: tuple[int, ...]) -> int:
+    """Ranks a ``parallel=ddp`` job spawns: ``parallel.nproc``, or the job's GPUs, or 2 on CPU."""
+    return cfg.parallel.nproc or len(gpus) or 2
+
+
+def backend(cfg: Config, device: torch.device) -> str:
+    """``auto``: NCCL on CUDA, gloo on CPU; NCCL without CUDA is refused."""
+    if cfg.parallel.backend is Backend.auto:
+        return "nccl" if device.type == "cuda" else "gloo"
+    if cfg.parallel.backend is Backend.nccl and device.type != "cuda":
+        raise UsageError("parallel.backend=nccl needs CUDA devices (this run is on cpu): use parallel.backend=gloo or auto")
+    return cfg.parallel.backend.value
+
+
+def check(cfg: Config, device: torch.device) -> None:
+    """Parallel settings that cannot work here fail before any work starts."""
+    if cfg.parallel.mode is ParallelMode.dp and (device.type != "cuda" or torch.cuda.device_count() < 2):
+        found = torch.cuda.device_count() if device.type == "cuda" else 0
+        raise UsageError(f"parallel=dp needs 2 or more visible GPUs (found {found}): use parallel=ddp, "
+                         f"or parallel=none on one device")
+    if cfg.parallel.mode is ParallelMode.ddp:
+        chosen = backend(cfg, device)
+        if cfg.parallel.sync_bn and chosen != "nccl":
+            raise UsageError(f"parallel.sync_bn=true needs NCCL on CUDA (SyncBatchNorm has no {chosen} CPU kernel): "
+                             f"use parallel.sync_bn=false, or model.norm=group")
+        if device.type == "cuda" and (cfg.parallel.nproc or 0) > torch.cuda.device_count():
+            raise UsageError(f"parallel.nproc={cfg.parallel.nproc} exceeds the {torch.cuda.device_count()} visible "
+                             f"GPUs: lower parallel.nproc")
+
+
+def init_process_group(cfg: Config, device: torch.device, rank: Rank, init_method: str = "env://") -> None:
+    dist.init_process_group(backend(cfg, device), init_method=init_method, rank=rank.rank, world_size=rank.world,
+                            timeout=timedelta(seconds=cfg.parallel.timeout_s))
+
+
+def all_reduce(values: dict[str, torch.Tensor], op: dist.ReduceOp.RedOpType) -> dict[str, torch.Tensor]:
+    """One collective for a dict of scalars (a no-op without a process group)."""
+    if not dist.is_initialized():
+        return values
+    stacked = torch.stack([v.double() for v in values.values()])
+    dist.all_reduce(stacked, op)
+    return dict(zip(values, stacked))
+
+
+def gather(value: float, device: torch.device) -> list[float]:
+    """Every rank's ``value``, in rank order (just ``[value]`` without a process group)."""
+    if not dist.is_initialized():
+        return [value]
+    out = [torch.zeros((), dtype=torch.float64, device=device) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, torch.tensor(value, dtype=torch.float64, device=device))
+    return [v.item() for v in out]
+
+
+@contextlib.contextmanager
+def gpu_slot(folder: Path, slots: int) -> Iterator[int]:
+    """Hold the first free slot ``0..slots-1`` (an exclusive file lock in ``folder``) for this job's lifetime.
+
+    Parallel sweep jobs on one machine each take a different slot, hence different GPUs.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    for slot in range(slots):
+        handle = open(folder / f".gpu_slot_{slot}.lock", "w")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        try:
+            yield slot
+        finally:
+            handle.close()
+        return
+    raise UsageError(f"all {slots} GPU slots in {folder} are taken: lower hydra.launcher.n_jobs")

@@ -106,6 +106,7 @@ class ModelConfig:
     zero_init_residual: bool = False
     shortcut: Shortcut = Shortcut.B
     checkpointing: bool = False
+    inplace_act: bool = True  # ReLU in place (saves one activation map per position)
 
 
 @dataclass
@@ -169,10 +170,13 @@ class ParallelConfig:
 
 @dataclass
 class FaultConfig:
-    """Fault injection for tests: ``kill_rank`` SIGKILLs itself after optimizer step ``kill_step``."""
+    """Fault injection for tests: ``kill_rank`` SIGKILLs itself after optimizer step ``kill_step``;
+    ``oom_step`` raises a real ``torch.OutOfMemoryError`` after that step when ``batch_size >= oom_min_batch``."""
 
     kill_rank: Optional[int] = None
     kill_step: int = 1
+    oom_step: Optional[int] = None
+    oom_min_batch: int = 1
 
 
 @dataclass
@@ -205,6 +209,9 @@ class Config:
     grad_clip: Optional[float] = None
     channels_last: bool = False
     cudnn_benchmark: bool = False
+    compile: bool = False  # torch.compile the model
+    non_blocking: bool = True  # asynchronous host-to-device copies
+    oom_retry: bool = False  # on out-of-memory: rerun with half the micro-batch, twice the accumulation
     log_every: int = 10
 
     def __post_init__(self) -> None:

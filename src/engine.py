@@ -23,7 +23,7 @@ from src.config import AmpDtype, Config, Device, OptimConfig, OptimName, SchedCo
 from src.data import to_input
 from src.dist import Rank, all_reduce, gather
 from src.errors import UsageError
-from src.measure import MemoryMonitor, ThroughputMeter
+from src.measure import MemoryMonitor, ThroughputMeter, peak_flops
 
 log = logging.getLogger(__name__)
 
@@ -98,16 +98,25 @@ class Trainer:
     """Owns the model, optimizer, schedule and precision of one rank; ``fit`` trains, validates and tests.
 
     ``model`` may be wrapped (DDP, DataParallel); evaluation uses the bare module on the main rank only.
+    With ``flops_per_sample`` (training FLOPs, forward and backward), epochs also report ``perf/tflops``
+    and ``perf/mfu`` against ``devices`` x the device's peak in the compute dtype.
     """
 
     def __init__(self, cfg: Config, model: torch.nn.Module, loaders: dict, device: torch.device,
-                 rank: Rank = Rank()) -> None:
+                 rank: Rank = Rank(), flops_per_sample: float | None = None, devices: int = 1) -> None:
         self.cfg, self.model, self.loaders, self.device, self.rank = cfg, model, loaders, device, rank
         self.net = getattr(model, "module", model)
         self.memory_format = torch.channels_last_3d if cfg.channels_last else torch.contiguous_format
-        self.precision = Precision.build(cfg.amp, resolve_amp_dtype(cfg, device), device)
+        dtype = resolve_amp_dtype(cfg, device)
+        self.precision = Precision.build(cfg.amp, dtype, device)
         self.optimizer = build_optimizer(cfg.optim, model.parameters())
-        self.kill_after_step = cfg.fault.kill_step if cfg.fault.kill_rank == rank.rank else None
+        self.flops_per_sample = flops_per_sample
+        if flops_per_sample:
+            peak, self.peak_source = peak_flops(device, dtype if cfg.amp else torch.float32)
+            self.peak_total = peak * devices
+        fault = cfg.fault
+        self.kill_after_step = fault.kill_step if fault.kill_rank == rank.rank else None
+        self.oom_after_step = fault.oom_step if cfg.batch_size >= fault.oom_min_batch else None
         micro = len(loaders["train"]) if cfg.limit_batches is None else min(cfg.limit_batches, len(loaders["train"]))
         self.steps_per_epoch = max(1, micro // cfg.accumulate)
         self.scheduler, self.sched_per_step = build_scheduler(cfg.sched, self.optimizer, cfg.epochs,
@@ -116,7 +125,7 @@ class Trainer:
         self.memory = MemoryMonitor(device)
 
     def _batch(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        images, labels = (t.to(self.device, non_blocking=True) for t in batch)
+        images, labels = (t.to(self.device, non_blocking=self.cfg.non_blocking) for t in batch)
         return to_input(images).contiguous(memory_format=self.memory_format), labels
 
     def _micro_step(self, images: torch.Tensor, labels: torch.Tensor,
@@ -163,13 +172,19 @@ class Trainer:
                 correct += hits
             self._optimizer_step()
             self.meter.step_done(samples_per_step)
-            if epoch * self.steps_per_epoch + step + 1 == self.kill_after_step:
-                os.kill(os.getpid(), signal.SIGKILL)  # fault injection (tests): this rank dies here
+            self._inject_fault(epoch * self.steps_per_epoch + step + 1)
             if (step + 1) % cfg.log_every == 0:  # the only host sync inside the epoch
                 bar.set_postfix(loss=f"{loss.item():.4f}")
         if self.scheduler is not None and not self.sched_per_step:
             self.scheduler.step()
         return self._epoch_metrics(loss_sum, correct)
+
+    def _inject_fault(self, step: int) -> None:
+        """``fault.*`` (tests): this rank dies, or a real out-of-memory error is raised, after ``step``."""
+        if step == self.kill_after_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if step == self.oom_after_step:
+            raise torch.OutOfMemoryError(f"out of memory injected by fault.oom_step={step}")
 
     def _epoch_metrics(self, loss_sum: torch.Tensor, correct: torch.Tensor) -> dict[str, float]:
         """Training metrics over all ranks: mean loss and accuracy, summed throughput, slowest step, max memory."""
@@ -183,6 +198,9 @@ class Trainer:
         metrics = {"train/loss": sums["loss"].item() / micro_steps,
                    "train/acc": sums["correct"].item() / (micro_steps * self.cfg.batch_size),
                    "perf/samples_per_s": sums["perf/samples_per_s"].item(), **{k: v.item() for k, v in maxima.items()}}
+        if self.flops_per_sample:
+            achieved = self.flops_per_sample * metrics["perf/samples_per_s"]
+            metrics.update({"perf/tflops": achieved / 1e12, "perf/mfu": achieved / self.peak_total})
         if self.rank.world > 1:
             per_rank = gather(memory["mem/peak_mb"], self.device)
             metrics.update({f"mem/peak_mb/rank{k}": v for k, v in enumerate(per_rank)})

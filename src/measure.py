@@ -1,6 +1,8 @@
 """Peak memory and throughput, measured the same way in every run."""
 from __future__ import annotations
 
+import json
+import platform
 import re
 import time
 from pathlib import Path
@@ -89,3 +91,58 @@ class ThroughputMeter:
         return {"perf/samples_per_s": self._samples / elapsed,
                 "perf/step_ms": 1000 * elapsed / self._steps,
                 "perf/data_wait_frac": self._wait / elapsed}
+
+
+# Dense (no sparsity) tensor-core peaks of known GPUs, FLOP/s, from the vendors' data sheets.
+KNOWN_PEAKS = {
+    "H100 PCIe": {"bfloat16": 756e12, "float16": 756e12},
+    "H100": {"bfloat16": 989e12, "float16": 989e12},
+    "H200": {"bfloat16": 989e12, "float16": 989e12},
+    "A100": {"bfloat16": 312e12, "float16": 312e12},
+}
+PEAK_CACHE = Path.home() / ".cache" / "medsweep" / "peak_flops.json"
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    match = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M) \
+        if Path("/proc/cpuinfo").exists() else None
+    return match.group(1).strip() if match else platform.processor() or "cpu"
+
+
+def matmul_flops(device: torch.device, dtype: torch.dtype, windows: int = 10, window_s: float = 0.1) -> float:
+    """Best FLOP/s of square matmuls in ``dtype`` on ``device`` over short synchronised windows (the
+    best window, so a moment of contention from another process does not lower the peak)."""
+    n = 8192 if device.type == "cuda" else 1024
+    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
+    a @ b
+    synchronize(device)
+    best = 0.0
+    for _ in range(windows):
+        reps, start = 0, time.perf_counter()
+        while time.perf_counter() - start < window_s:
+            a @ b
+            reps += 1
+            synchronize(device)
+        best = max(best, 2 * n**3 * reps / (time.perf_counter() - start))
+    return best
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
+    """Peak FLOP/s of one device in ``dtype`` and where it comes from: ``table:<gpu>`` for known GPUs,
+    else ``probe``: a matmul probe, measured once per device, dtype and thread count and cached in
+    ``~/.cache/medsweep/peak_flops.json``."""
+    name, dtype_name = device_name(device), str(dtype).removeprefix("torch.")
+    for key, peaks in KNOWN_PEAKS.items():
+        if key in name and dtype_name in peaks:
+            return peaks[dtype_name], f"table:{key}"
+    key = f"{name}|{dtype_name}|threads={torch.get_num_threads() if device.type == 'cpu' else 'gpu'}"
+    cache = json.loads(PEAK_CACHE.read_text()) if PEAK_CACHE.exists() else {}
+    if key not in cache:
+        cache[key] = matmul_flops(device, dtype)
+        PEAK_CACHE.parent.mkdir(parents=True, exist_ok=True)
+        partial = PEAK_CACHE.with_suffix(f".{time.time_ns()}.part")
+        partial.write_text(json.dumps(cache, indent=2))
+        partial.replace(PEAK_CACHE)
+    return cache[key], "probe"

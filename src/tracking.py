@@ -157,7 +157,7 @@ class SweepParentRun(Callback):
         children = self.parent.client.search_runs(
             [self.parent.client.get_run(self.parent.run_id).info.experiment_id],
             filter_string=f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{self.parent.run_id}'")
-        failed = any(run.info.status != "FINISHED" for run in children)
+        failed = any(run.info.status != "FINISHED" and run.data.tags.get("retried") != "true" for run in children)
         self._close("FAILED" if failed else "FINISHED")
 
     def _close(self, status: str) -> None:

@@ -33,6 +33,7 @@ from src.data import ensure_file, load_splits, make_loader
 from src.engine import Trainer, resolve_amp_dtype, resolve_device
 from src.errors import UsageError
 from src.models import MODELS, build_model
+from src.models.profile import train_flops
 from src.tracking import RunLogger, config_hash, ensure_store, environment_tags, flatten, read_parent_id, tracking_uri
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,15 @@ def wrap(model: torch.nn.Module, cfg: schema.Config, device: torch.device, rank:
     return model
 
 
+def flops_per_sample(cfg: schema.Config) -> float:
+    """Training FLOPs (forward and backward, recomputation not counted) per sample, counted on the meta device."""
+    shape = (2, cfg.data.in_channels, *[cfg.data.size] * 3)  # batch 2: BatchNorm trains on 1^3 maps
+    with torch.device("meta"):
+        model = build_model(dataclasses.replace(cfg.model, checkpointing=False), cfg.data.in_channels,
+                            cfg.data.num_classes, cfg.data.size).train()
+        return train_flops(model, torch.empty(shape)) / shape[0]
+
+
 def run_rank(job: Job, rank: dist.Rank, init_method: str = "env://") -> dict[str, float]:
     """One rank's whole training: process group, seeding, model, loaders, fit; rank 0 logs to the run."""
     cfg = job.cfg
@@ -121,15 +131,22 @@ def run_rank(job: Job, rank: dist.Rank, init_method: str = "env://") -> dict[str
         splits = load_splits(cfg.data)
         model = build_model(cfg.model, cfg.data.in_channels, cfg.data.num_classes, cfg.data.size)
         memory_format = torch.channels_last_3d if cfg.channels_last else torch.contiguous_format
-        model = wrap(model.to(device, memory_format=memory_format), cfg, device, rank, job.gpus)
-        batch = cfg.batch_size * data_parallel_width(cfg, job.gpus)
-        loaders = {split: make_loader(cfg.data, tensors, batch, cfg.seed, split == "train", device, rank.rank, rank.world)
-                   for split, tensors in splits.items()}
-        trainer = Trainer(cfg, model, loaders, device, rank)
+        model = model.to(device, memory_format=memory_format)
+        model = wrap(torch.compile(model) if cfg.compile else model, cfg, device, rank, job.gpus)
+        width = data_parallel_width(cfg, job.gpus)
+        loaders = {split: make_loader(cfg.data, tensors, cfg.batch_size * width, cfg.seed, split == "train", device,
+                                      rank.rank, rank.world) for split, tensors in splits.items()}
+        trainer = Trainer(cfg, model, loaders, device, rank, flops_per_sample(cfg), devices=rank.world * width)
         run = RunLogger(mlflow.MlflowClient(job.tracking_uri), job.run_id) if rank.is_main else None
         if run:
-            run.set_tags({"mem.source": trainer.memory.source, "device": str(device), "num_threads": str(threads)})
-        final = trainer.fit(run.log_metrics if run else lambda metrics, step: None)
+            run.set_tags({"mem.source": trainer.memory.source, "device": str(device), "num_threads": str(threads),
+                          "perf.peak_source": trainer.peak_source,
+                          "perf.peak_tflops_per_device": f"{trainer.peak_total / rank.world / width / 1e12:.6g}"})
+        try:
+            final = trainer.fit(run.log_metrics if run else lambda metrics, step: None)
+        except torch.OutOfMemoryError:
+            (job.output_dir / f"oom_rank{rank.rank}.json").write_text(json.dumps(trainer.memory.peak()))
+            raise
         if rank.is_main:
             (job.output_dir / "metrics.json").write_text(json.dumps(final, indent=2))
         return final
@@ -198,8 +215,28 @@ def run_name(overrides: list[str]) -> str:
     return " ".join(overrides)[:250] or "defaults"
 
 
+def read_oom(output_dir: Path) -> dict[str, float] | None:
+    """The memory reached by the ranks that ran out of memory (their ``oom_rank<k>.json``), consumed."""
+    records = sorted(output_dir.glob("oom_rank*.json"))
+    if not records:
+        return None
+    peaks = [json.loads(path.read_text())["mem/peak_mb"] for path in records]
+    for path in records:
+        path.unlink()
+    return {"mem/peak_mb": max(peaks)}
+
+
+def halved(cfg: schema.Config) -> schema.Config:
+    """Half the micro-batch, twice the accumulation: the same effective batch."""
+    return dataclasses.replace(cfg, batch_size=cfg.batch_size // 2, accumulate=cfg.accumulate * 2)
+
+
 def train(cfg: DictConfig) -> float:
-    """Validate, then train and evaluate one job into its own MLflow run; returns the test AUC."""
+    """Validate, then train and evaluate one job into its own MLflow run; returns the test AUC.
+
+    Out of memory: the run ends FAILED with tag ``status=oom``; with ``oom_retry`` a new run follows at half
+    the micro-batch and twice the accumulation; otherwise a sweep goes on to its next job.
+    """
     typed, device = validate(cfg)
     hydra_cfg = HydraConfig.get()
     ddp = typed.parallel.mode is ParallelMode.ddp
@@ -213,26 +250,48 @@ def train(cfg: DictConfig) -> float:
 
     client = ensure_store(job.tracking_uri)
     ensure_file(typed.data)
+    multirun = hydra_cfg.mode is RunMode.MULTIRUN
+    overrides = list(hydra_cfg.overrides.task)
     with job_gpus(hydra_cfg) if device.type == "cuda" else contextlib.nullcontext(()) as gpus:
         world = external.world if external else dist.world_size(typed, gpus) if ddp else data_parallel_width(typed, gpus)
         check_split_sizes(typed, world)
-        params = {**flatten(cfg), "effective_batch_size": str(typed.batch_size * typed.accumulate * world),
-                  "world_size": str(world)}
-        multirun = hydra_cfg.mode is RunMode.MULTIRUN
-        run = RunLogger.start(
-            client, typed.mlflow.experiment, run_name(list(hydra_cfg.overrides.task)), params,
-            tags={"config_hash": config_hash(params), "overrides": " ".join(hydra_cfg.overrides.task),
-                  "output_dir": str(output_dir.resolve()), **environment_tags()},
-            parent_id=read_parent_id(Path(hydra_cfg.sweep.dir)) if multirun else None)
-        job = dataclasses.replace(job, run_id=run.run_id, gpus=gpus)
-        log.info("MLflow run %s in %s; output %s", run.run_id, job.tracking_uri, output_dir)
-        try:
-            final = spawn_ranks(job, world) if ddp and external is None else run_rank(job, external or dist.Rank())
-            run.log_artifacts(output_dir / ".hydra", ".hydra")
-            run.log_artifacts(output_dir)  # metrics.json and the job log
-        except BaseException:
-            run.finish("KILLED" if sys.exc_info()[0] is KeyboardInterrupt else "FAILED")
-            raise
+        retry_of = None
+        while True:
+            params = {**flatten(cfg), "batch_size": str(job.cfg.batch_size), "accumulate": str(job.cfg.accumulate),
+                      "effective_batch_size": str(job.cfg.batch_size * job.cfg.accumulate * world),
+                      "world_size": str(world)}
+            run = RunLogger.start(
+                client, typed.mlflow.experiment, run_name(overrides), params,
+                tags={"config_hash": config_hash(params), "overrides": " ".join(overrides),
+                      "output_dir": str(output_dir.resolve()), **({"retry_of": retry_of} if retry_of else {}),
+                      **environment_tags()},
+                parent_id=read_parent_id(Path(hydra_cfg.sweep.dir)) if multirun else None)
+            job = dataclasses.replace(job, run_id=run.run_id, gpus=gpus)
+            log.info("MLflow run %s in %s; output %s", run.run_id, job.tracking_uri, output_dir)
+            try:
+                final = spawn_ranks(job, world) if ddp and external is None else run_rank(job, external or dist.Rank())
+                run.log_artifacts(output_dir / ".hydra", ".hydra")
+                run.log_artifacts(output_dir)  # metrics.json and the job log
+            except BaseException:
+                oom = read_oom(output_dir)
+                if oom is None:
+                    run.finish("KILLED" if sys.exc_info()[0] is KeyboardInterrupt else "FAILED")
+                    raise
+                retry = job.cfg.oom_retry and job.cfg.batch_size > 1
+                run.set_tags({"status": "oom", "retried": str(retry).lower()})
+                run.log_metrics(oom, step=0)
+                run.finish("FAILED")
+                message = (f"out of memory at batch_size={job.cfg.batch_size} (peak {oom['mem/peak_mb']:.0f} MiB)")
+                if retry:
+                    log.warning("%s: retrying with batch_size=%d accumulate=%d", message, job.cfg.batch_size // 2,
+                                job.cfg.accumulate * 2)
+                    job, retry_of = dataclasses.replace(job, cfg=halved(job.cfg)), run.run_id
+                    continue
+                if multirun:
+                    log.error("%s: run %s FAILED (status=oom); the sweep goes on", message, run.run_id)
+                    return float("nan")
+                raise UsageError(f"{message}: lower batch_size, or set oom_retry=true") from None
+            break
     run.finish("FINISHED")
     log.info("test/acc=%.4f test/auc=%.4f in %.1f s", final["test/acc"], final["test/auc"], final["time/total_s"])
     return final["test/auc"]

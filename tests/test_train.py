@@ -81,7 +81,7 @@ BAD_INPUTS = [
     (("amp_dtype=float16",), "amp_dtype=float16 needs a CUDA device"),
     (("data.root=/nonexistent",), "/nonexistent/adrenalmnist3d.npz not found and data.download=false"),
     (("mlflow.tracking_uri=http://127.0.0.1:9",), "mlflow.tracking_uri=http://127.0.0.1:9 is unreachable"),
-    (("batch_size=2000",), "batch_size x accumulate = 2000 exceeds the 1188 training samples"),
+    (("batch_size=2000",), "batch_size x accumulate x ranks = 2000 exceeds the 1188 training samples"),
 ]
 
 

@@ -88,22 +88,23 @@ class Layers:
     norm_kind: Norm
     dsconv: bool
     dsconv_mid_norm: bool
+    inplace_act: bool = True
 
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> Layers:
-        return cls(cfg.activation, cfg.norm, cfg.dsconv, cfg.dsconv_mid_norm)
+        return cls(cfg.activation, cfg.norm, cfg.dsconv, cfg.dsconv_mid_norm, cfg.inplace_act)
 
     def act(self, channels: int) -> nn.Module:
         """A fresh activation module for one position.
 
-        ReLU runs in place: its backward needs only its output, and it only ever follows a norm or a
+        ReLU runs in place unless ``inplace_act`` is off: its backward needs only its output, and it only ever follows a norm or a
         residual sum, whose outputs no other backward needs. SiLU and Mish stay out of place because
         their in-place forms make autograd keep a copy of the input anyway. PReLU learns one slope per
         channel (``num_parameters=channels``, initial slope 0.25).
         """
         if self.activation is Activation.prelu:
             return nn.PReLU(channels, init=PRELU_INIT)
-        return {Activation.relu: lambda: nn.ReLU(inplace=True), Activation.swish: nn.SiLU,
+        return {Activation.relu: lambda: nn.ReLU(inplace=self.inplace_act), Activation.swish: nn.SiLU,
                 Activation.gelu: nn.GELU, Activation.mish: nn.Mish}[self.activation]()
 
     def norm(self, channels: int) -> nn.Module:

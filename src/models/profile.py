@@ -3,7 +3,7 @@
 FLOPs are ``torch.utils.flop_counter``'s: 2 per multiply-accumulate of convs and matmuls; norms,
 activations, pools and sums count 0. Forward counts are exact for grouped and depthwise convs too, but
 the counter's *weight-gradient* count for a grouped conv ignores ``groups`` (it overstates a depthwise
-conv's by ``C``), so derive training FLOPs from forward counts (about 3x forward), not by counting backward.
+conv's by ``C``): :func:`train_flops` counts backward with that term divided by ``groups``.
 Models built under ``torch.device("meta")`` are counted without allocating or computing anything.
 """
 from __future__ import annotations
@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, conv_backward_flop
+
+aten = torch.ops.aten
 
 
 @dataclass(frozen=True)
@@ -46,3 +48,19 @@ def profile_stages(model: nn.Sequential, x: torch.Tensor) -> list[StageProfile]:
                 x = stage(x)
             rows.append(StageProfile(name, tuple(x.shape), count_params(stage), counter.get_total_flops()))
     return rows
+
+
+def _grouped_conv_backward_flop(grad_out_shape, x_shape, w_shape, bias, stride, padding, dilation, transposed,
+                                output_padding, groups, output_mask, out_shape, **kwargs) -> int:
+    """torch's conv backward count with the weight-gradient term divided by ``groups`` (torch omits it)."""
+    args = (grad_out_shape, x_shape, w_shape, bias, stride, padding, dilation, transposed, output_padding, groups)
+    grad_input = conv_backward_flop(*args, [output_mask[0], False, False], out_val=out_shape)
+    grad_weight = conv_backward_flop(*args, [False, output_mask[1], False], out_val=out_shape)
+    return grad_input + grad_weight // groups
+
+
+def train_flops(module: nn.Module, x: torch.Tensor) -> int:
+    """FLOPs of one training step's forward and backward on ``x`` (the module in train mode)."""
+    with FlopCounterMode(display=False, custom_mapping={aten.convolution_backward: _grouped_conv_backward_flop}) as counter:
+        module(x).float().sum().backward()
+    return counter.get_total_flops()

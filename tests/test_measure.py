@@ -1,0 +1,92 @@
+"""Out-of-memory tolerance (real torch.OutOfMemoryError by fault injection), FLOP counting, MFU, speed switches."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from src.measure import KNOWN_PEAKS, peak_flops
+from src.models.profile import forward_flops, train_flops
+from tests.conftest import run_cli, runs
+from tests.test_train import small_run
+
+
+def children(store):
+    return [r for r in runs(store) if r.data.tags.get("mlflow.parentRunId")]
+
+
+def test_an_oom_job_is_tagged_and_the_sweep_goes_on(tmp_path, store, shared_data):
+    result = run_cli("-m", *small_run(tmp_path, store, shared_data, "epochs=1", "fault.oom_step=1",
+                                      "fault.oom_min_batch=8", "batch_size=4,8"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    by_batch = {r.data.params["batch_size"]: r for r in children(store)}
+    assert by_batch["4"].info.status == "FINISHED"
+    oom = by_batch["8"]
+    assert oom.info.status == "FAILED" and oom.data.tags["status"] == "oom" and oom.data.tags["retried"] == "false"
+    assert oom.data.metrics["mem/peak_mb"] > 0
+    parent = next(r for r in runs(store) if r.data.tags.get("role") == "sweep")
+    assert parent.info.status == "FAILED"  # a job of the sweep failed
+
+
+def test_oom_retry_halves_the_micro_batch_and_keeps_the_effective_batch(tmp_path, store, shared_data):
+    result = run_cli("-m", *small_run(tmp_path, store, shared_data, "epochs=1", "batch_size=8", "accumulate=1",
+                                      "oom_retry=true", "fault.oom_step=1", "fault.oom_min_batch=8"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    first, = [r for r in children(store) if r.data.tags.get("status") == "oom"]
+    retry, = [r for r in children(store) if r.info.status == "FINISHED"]
+    assert first.data.tags["retried"] == "true" and retry.data.tags["retry_of"] == first.info.run_id
+    assert (retry.data.params["batch_size"], retry.data.params["accumulate"]) == ("4", "2")
+    assert first.data.params["effective_batch_size"] == retry.data.params["effective_batch_size"] == "8"
+    parent = next(r for r in runs(store) if r.data.tags.get("role") == "sweep")
+    assert parent.info.status == "FINISHED"  # the job's last attempt succeeded
+
+
+def test_oom_in_a_single_run_is_one_clear_line(tmp_path, store, shared_data):
+    result = run_cli(*small_run(tmp_path, store, shared_data, "fault.oom_step=1"))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("error: out of memory at batch_size=4 (peak ")
+    (run,) = runs(store)
+    assert run.info.status == "FAILED" and run.data.tags["status"] == "oom"
+
+
+def test_runs_log_tflops_and_mfu_with_their_peak_source(tmp_path, store, shared_data):
+    assert run_cli(*small_run(tmp_path, store, shared_data, "epochs=1")).returncode == 0
+    (run,) = runs(store)
+    metrics, tags = run.data.metrics, run.data.tags
+    assert 0 < metrics["perf/mfu"] < 1
+    assert metrics["perf/tflops"] == pytest.approx(metrics["perf/mfu"] * float(tags["perf.peak_tflops_per_device"]),
+                                                   rel=1e-3)
+    assert tags["perf.peak_source"] == "probe"
+
+
+def test_weight_gradient_flops_of_grouped_convs_are_corrected():
+    with torch.device("meta"):
+        for groups in (1, 4, 16):
+            conv = nn.Conv3d(16, 16, 3, padding=1, groups=groups, bias=False)
+            x = torch.empty(2, 16, 8, 8, 8, requires_grad=True)
+            assert train_flops(conv, x) == 3 * forward_flops(conv, x)  # input grad + weight grad = 2x forward
+
+
+def test_known_gpus_come_from_the_table_and_cpu_from_a_cached_probe(tmp_path, monkeypatch):
+    assert KNOWN_PEAKS["H200"]["bfloat16"] == 989e12
+    monkeypatch.setattr("src.measure.PEAK_CACHE", tmp_path / "peaks.json")
+    first = peak_flops(torch.device("cpu"), torch.float32)
+    assert first[1] == "probe" and first[0] > 1e9 and (tmp_path / "peaks.json").exists()
+    assert peak_flops(torch.device("cpu"), torch.float32) == first  # cached, not probed again
+
+
+@pytest.mark.parametrize("switch", ["channels_last=true", "model.inplace_act=false", "non_blocking=false",
+                                    "data.loader=dataloader"])
+def test_speed_switches_train_and_are_logged(tmp_path, store, shared_data, switch):
+    assert run_cli(*small_run(tmp_path, store, shared_data, "epochs=1", "limit_batches=2", switch)).returncode == 0
+    (run,) = runs(store)
+    key, value = switch.split("=")
+    assert run.info.status == "FINISHED" and run.data.params[key].lower() == value
+
+
+@pytest.mark.slow
+def test_torch_compile_trains(tmp_path, store, shared_data):
+    result = run_cli(*small_run(tmp_path, store, shared_data, "epochs=1", "limit_batches=2", "compile=true"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = runs(store)
+    assert run.info.status == "FINISHED" and run.data.params["compile"] == "True"

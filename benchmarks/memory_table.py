@@ -11,6 +11,7 @@ here and prints its result as one JSON line (the tests use it).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import subprocess
 import sys
@@ -65,7 +66,7 @@ def run_cell(overrides: list[str]) -> dict:
     prediction = memory.predict(cfg, device)
     trainer.memory.start()
     trainer.train_epoch(0)
-    return {"prediction": prediction.as_dict(), "measured_mb": trainer.memory.peak()["mem/peak_mb"]}
+    return {"prediction": dataclasses.asdict(prediction), "measured_mb": trainer.memory.peak()["mem/peak_mb"]}
 
 
 def child(overrides: list[str]) -> dict:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Optional
+from typing import Any, Optional
 
 from omegaconf import MISSING
 
@@ -198,8 +198,10 @@ class Config:
     fault: FaultConfig = field(default_factory=FaultConfig)
     amp: bool = False
     amp_dtype: AmpDtype = AmpDtype.auto
-    batch_size: int = 32
+    batch_size: Any = 32  # an int >= 1, or "auto" (the largest micro-batch that fits mem_budget_mb)
     accumulate: int = 1
+    mem_budget_mb: Optional[float] = None  # batch_size=auto: null means the device's free memory
+    effective_batch_size: Optional[int] = None  # batch_size=auto keeps it by setting accumulate
     epochs: int = 100
     seed: int = 0
     deterministic: bool = False
@@ -215,13 +217,17 @@ class Config:
     log_every: int = 10
 
     def __post_init__(self) -> None:
-        for key in ("batch_size", "accumulate", "epochs", "log_every"):
+        if self.batch_size != "auto" and not (isinstance(self.batch_size, int) and not isinstance(self.batch_size, bool)):
+            raise ValueError(f"batch_size={self.batch_size} must be an integer >= 1 or auto")
+        for key in (("batch_size",) if self.batch_size != "auto" else ()) + ("accumulate", "epochs", "log_every"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key}={getattr(self, key)} must be >= 1")
         if self.limit_batches is not None and self.limit_batches < 1:
             raise ValueError(f"limit_batches={self.limit_batches} must be >= 1 or null")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads={self.num_threads} must be >= 1 or null")
+        if self.effective_batch_size is not None and self.effective_batch_size < 1:
+            raise ValueError(f"effective_batch_size={self.effective_batch_size} must be >= 1 or null")
         if self.grad_clip is not None and self.grad_clip <= 0:
             raise ValueError(f"grad_clip={self.grad_clip} must be > 0 or null")
 

@@ -99,18 +99,20 @@ class Trainer:
 
     ``model`` may be wrapped (DDP, DataParallel); evaluation uses the bare module on the main rank only.
     With ``flops_per_sample`` (training FLOPs, forward and backward), epochs also report ``perf/tflops``
-    and ``perf/mfu`` against ``devices`` x the device's peak in the compute dtype.
+    and ``perf/mfu`` against ``devices`` x the device's peak in the compute dtype; with ``predicted_mb``,
+    ``mem/predicted_mb`` and ``mem/predict_ratio`` (measured peak over predicted).
     """
 
     def __init__(self, cfg: Config, model: torch.nn.Module, loaders: dict, device: torch.device,
-                 rank: Rank = Rank(), flops_per_sample: float | None = None, devices: int = 1) -> None:
+                 rank: Rank = Rank(), flops_per_sample: float | None = None, devices: int = 1,
+                 predicted_mb: float | None = None) -> None:
         self.cfg, self.model, self.loaders, self.device, self.rank = cfg, model, loaders, device, rank
         self.net = getattr(model, "module", model)
         self.memory_format = torch.channels_last_3d if cfg.channels_last else torch.contiguous_format
         dtype = resolve_amp_dtype(cfg, device)
         self.precision = Precision.build(cfg.amp, dtype, device)
         self.optimizer = build_optimizer(cfg.optim, model.parameters())
-        self.flops_per_sample = flops_per_sample
+        self.flops_per_sample, self.predicted_mb = flops_per_sample, predicted_mb
         if flops_per_sample:
             peak, self.peak_source = peak_flops(device, dtype if cfg.amp else torch.float32)
             self.peak_total = peak * devices
@@ -198,6 +200,9 @@ class Trainer:
         metrics = {"train/loss": sums["loss"].item() / micro_steps,
                    "train/acc": sums["correct"].item() / (micro_steps * self.cfg.batch_size),
                    "perf/samples_per_s": sums["perf/samples_per_s"].item(), **{k: v.item() for k, v in maxima.items()}}
+        if self.predicted_mb:
+            metrics.update({"mem/predicted_mb": self.predicted_mb,
+                            "mem/predict_ratio": metrics["mem/peak_mb"] / self.predicted_mb})
         if self.flops_per_sample:
             achieved = self.flops_per_sample * metrics["perf/samples_per_s"]
             metrics.update({"perf/tflops": achieved / 1e12, "perf/mfu": achieved / self.peak_total})

@@ -1,88 +1,300 @@
-"""Predict a run's peak training memory (what ``mem/peak_mb`` will read) before training.
+"""Predict a run's peak training memory, what ``mem/peak_mb`` will read, before training.
 
     python -m src.memory model=densenet121 batch_size=16 amp=true data=synthetic
 
-Draft: components measured by one forward on fake tensors.
+One training micro-step (forward, loss, backward, under the run's autocast) is replayed on fake tensors
+(``FakeTensorMode``: shapes and dtypes only, nothing allocated or computed), so even densenet121 at 64^3
+takes a second or two. The replay measures what the classic accounting needs:
+
+* activations: the tensors autograd saves for backward, caught by ``saved_tensors_hooks`` and counted once
+  per storage (a ReLU's in-place output that the next conv saves too is one tensor). Parameters, buffers
+  and the input batch are not activations. ``model.checkpointing`` and in-place activations show up here.
+* AMP copies: autocast's low-precision casts of the parameters, which its cache keeps until autocast exits.
+* transients: what the classic sum misses at the peak. Every op output is tracked until freed, which gives
+  the true peak of one micro-step (gradients of activations in flight, a checkpointed bottleneck
+  recomputed in backward); transients are that peak minus gradients, AMP copies, activations and input.
+
+Parameters, gradients (one fp32 copy of the parameters), optimizer state (SGD 0x without momentum, 1x
+with; Adam and AdamW 2x), the input batch (uint8 gather and its float32 copy), the dataset and the best
+weights ``fit`` keeps are counted from sizes. What counts depends on how ``MemoryMonitor`` measures:
+
+* CUDA (``max_memory_allocated`` since ``start``): everything, parameters and the splits that
+  ``data.loader=tensor`` keeps on the device included.
+* CPU (growth of the peak resident set over the RSS at ``start``, which comes after the model is built
+  and the data loaded): parameters and the dataset are in the baseline and do not count.
+
+The workspace is what the runtime adds beyond live tensors. On CPU it was fitted to measured peaks
+(``benchmarks/memory_table.py``, ``docs/benchmarks.md``): ``CPU_FIXED_MB`` (oneDNN primitives and caches,
+OpenMP and allocator arenas touched by the first step) plus ``CPU_REORDER_COPIES`` times the largest
+activation (oneDNN reorders an operand of a 3D conv into its blocked layout and back, and glibc keeps the
+freed pages resident). On CUDA the workspace is 0: cuDNN and cuBLAS workspaces are not calibrated yet.
+
+Not modelled: DDP's gradient buckets (about 1x parameters per rank), the evaluation forward (no grad,
+smaller than training), ``data.loader=dataloader`` worker processes.
 """
 from __future__ import annotations
 
+import dataclasses
+import sys
+import weakref
 from dataclasses import dataclass
+from pathlib import Path
 
+import hydra
 import torch
 import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
-from src.config import Config
-from src.engine import resolve_amp_dtype
+from src.config import Config, DataConfig, Loader, OptimConfig, OptimName, register
+from src.data import SYNTHETIC, medmnist_info, to_input
+from src.engine import resolve_amp_dtype, resolve_device
+from src.errors import UsageError
 from src.models import build_model
 from src.models.layers import activation_gain
 
 MIB = 2**20
+CPU_FIXED_MB = 60.0
+CPU_REORDER_COPIES = 2.0
 
 
 @dataclass(frozen=True)
-class SavedBytes:
-    activations: int
-    amp_copies: int
+class Footprint:
+    """What a replayed training micro-step measures, in bytes (parameters are not in ``peak``)."""
+
     params: int
     buffers: int
+    largest_param: int
+    activations: int
+    largest_activation: int
+    amp_copies: int
+    peak: int
 
 
-def _storage(t: torch.Tensor) -> torch.UntypedStorage:
-    return t.untyped_storage()
+class LiveBytes(TorchDispatchMode):
+    """Within its context, the bytes of the storages that ops create, each counted until freed, and their peak.
+
+    A storage an op receives before any op made it (a parameter, an optimizer state) existed before and
+    does not count, also when an in-place op hands it back.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = self.peak = 0
+        self._seen: weakref.WeakSet = weakref.WeakSet()
+
+    def _free(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self._seen.update(t.untyped_storage() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))
+        out = func(*args, **kwargs)
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.untyped_storage() not in self._seen:
+                storage = t.untyped_storage()
+                self._seen.add(storage)
+                self.live += storage.nbytes()
+                weakref.finalize(storage, self._free, storage.nbytes())
+        self.peak = max(self.peak, self.live)
+        return out
 
 
-def saved_bytes(cfg: Config, device: torch.device, batch_size: int) -> SavedBytes:
-    activation_gain(cfg.model.activation)  # cached outside fake mode: it reads a value (.item())
+def _nbytes(tensors) -> list[int]:
+    return [t.numel() * t.element_size() for t in tensors]
+
+
+def _is_weight_cast(t: torch.Tensor) -> bool:
+    """A cast of a parameter: autograd records it as ``ToCopyBackward0`` straight onto the parameter."""
+    node = t.grad_fn
+    return (type(node).__name__ == "ToCopyBackward0"
+            and isinstance(getattr(node.next_functions[0][0], "variable", None), nn.Parameter))
+
+
+class SavedTensors(torch.autograd.graph.saved_tensors_hooks):
+    """Within its context, the bytes of each storage autograd saves for backward, counted once.
+
+    Storages of ``exclude`` (parameters, buffers, the input) and casts of parameters are skipped. Storages
+    are told apart by ``id``, which is safe because every saved storage stays alive until backward.
+    """
+
+    def __init__(self, exclude: list[torch.Tensor]) -> None:
+        self._exclude = {id(t.untyped_storage()) for t in exclude}
+        self._saved: dict[int, int] = {}
+        super().__init__(self._pack, lambda t: t)
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if id(storage) not in self._exclude and not _is_weight_cast(t):
+            self._saved[id(storage)] = storage.nbytes()
+        return t
+
+    @property
+    def sizes(self) -> list[int]:
+        return list(self._saved.values())
+
+
+class WeightCasts(TorchDispatchMode):
+    """Within its context, the bytes of the casts made of ``params``, one per parameter (autocast caches
+    its casts of parameters until it exits, also those made inside a checkpointed segment)."""
+
+    def __init__(self, params: list[nn.Parameter]) -> None:
+        super().__init__()
+        self._params = {id(p.untyped_storage()) for p in params}
+        self._casts: dict[int, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        source = id(args[0].untyped_storage()) if func is torch.ops.aten._to_copy.default else None
+        if source in self._params:
+            self._casts[source] = out.untyped_storage().nbytes()
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self._casts.values())
+
+
+def _batch(data: DataConfig, batch_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A gathered uint8 batch, its float input (``to_input``) and labels, as ``Trainer`` makes them."""
+    images = torch.empty(batch_size, data.in_channels, data.size, data.size, data.size, dtype=torch.uint8)
+    return images, to_input(images), torch.zeros(batch_size, dtype=torch.long)
+
+
+def footprint(cfg: Config, device: torch.device, batch_size: int) -> Footprint:
+    """Replay a training micro-step of ``cfg`` at ``batch_size`` on fake tensors of ``device``.
+
+    The saved tensors are recorded in a forward of their own: hooks that return the tensor they pack tie
+    it to its own graph node, which would keep memory alive in the replay that tracks the peak. With
+    ``accumulate > 1`` that replay runs a second micro-step, with the accumulated gradients held.
+    """
     data = cfg.data
-    amp_dtype = resolve_amp_dtype(cfg, device)
-    with FakeTensorMode():
-        with torch.device(device):
-            model = build_model(cfg.model, data.in_channels, data.num_classes, data.size).train()
-            images = torch.empty(batch_size, data.in_channels, data.size, data.size, data.size)
-            labels = torch.zeros(batch_size, dtype=torch.long)
-        own = {_storage(t)._cdata for t in [*model.parameters(), *model.buffers(), images]}
-        found: dict[int, tuple[str, int]] = {}
+    autocast = torch.autocast(device.type, dtype=resolve_amp_dtype(cfg, device), enabled=cfg.amp)
+    activation_gain(cfg.model.activation)  # computed (and cached) for real: it reads a value
+    with FakeTensorMode(), torch.device(device):
+        model = build_model(cfg.model, data.in_channels, data.num_classes, data.size).train()
+        _, x, labels = _batch(data, batch_size)
+        saved = SavedTensors([*model.parameters(), *model.buffers(), x])
+        with autocast, saved, WeightCasts(list(model.parameters())) as casts:
+            F.cross_entropy(model(x), labels)
+        with LiveBytes() as live:
+            for _ in range(min(cfg.accumulate, 2)):
+                images, x, labels = _batch(data, batch_size)
+                with autocast:
+                    F.cross_entropy(model(x), labels).backward()
+        params = _nbytes(model.parameters())
+        return Footprint(sum(params), sum(_nbytes(model.buffers())), max(params), sum(saved.sizes),
+                         max(saved.sizes), casts.nbytes, live.peak)
 
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            storage = _storage(t)
-            if storage._cdata not in own:
-                node = t.grad_fn
-                weight_cast = (type(node).__name__ == "ToCopyBackward0"
-                               and type(node.next_functions[0][0]).__name__ == "AccumulateGrad")
-                found[storage._cdata] = ("amp" if weight_cast else "act", storage.nbytes(), storage)
-            return t
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-                torch.autocast(device.type, dtype=amp_dtype, enabled=cfg.amp):
-            F.cross_entropy(model(images), labels)
-        params = sum(p.numel() * p.element_size() for p in model.parameters())
-        buffers = sum(b.numel() * b.element_size() for b in model.buffers())
-    return SavedBytes(sum(n for kind, n, _ in found.values() if kind == "act"),
-                      sum(n for kind, n, _ in found.values() if kind == "amp"), params, buffers)
+def optimizer_state_factor(cfg: OptimConfig) -> int:
+    """Optimizer state in units of the parameters: SGD 0 without momentum, 1 with; Adam, AdamW 2."""
+    if cfg.name is OptimName.sgd:
+        return int(cfg.momentum != 0)
+    return 2
+
+
+def step_temporaries(cfg: OptimConfig, device: torch.device, fp: Footprint) -> int:
+    """Peak temporaries of ``optimizer.step()``.
+
+    CUDA runs the foreach kernels over all parameters at once: one parameter-sized list (Adam's
+    ``sqrt(v)``; SGD's weight-decayed gradients). CPU loops over parameters, so only the largest counts:
+    Adam's ``sqrt(v)`` and its quotient, plus the L2-decayed gradient; SGD's decayed and Nesterov gradients.
+    """
+    decay = cfg.weight_decay != 0
+    if device.type == "cuda":
+        return fp.params * (decay if cfg.name is OptimName.sgd else 1)
+    if cfg.name is OptimName.sgd:
+        return fp.largest_param * (decay + (cfg.nesterov and cfg.momentum != 0))
+    return fp.largest_param * (2 + (decay and cfg.name is OptimName.adam))
+
+
+def dataset_bytes(cfg: DataConfig) -> int:
+    """All three splits as ``data.loader=tensor`` holds them: uint8 images and int64 labels."""
+    counts = cfg.synthetic_samples if cfg.name == SYNTHETIC else medmnist_info(cfg)["n_samples"].values()
+    return sum(counts) * (cfg.in_channels * cfg.size**3 + 8)
+
+
+def input_bytes(cfg: DataConfig, batch_size: int) -> int:
+    """A training batch: the uint8 gather, its float32 copy (``to_input``) and the int64 labels."""
+    return batch_size * (5 * cfg.in_channels * cfg.size**3 + 8)
 
 
 @dataclass(frozen=True)
 class MemoryPrediction:
+    """Predicted ``mem/peak_mb`` of a run and its components, in MiB; ``total_mb`` sums what ``device`` counts.
+
+    ``params_mb`` and ``data_mb`` count on CUDA only (on CPU they are in ``MemoryMonitor``'s baseline);
+    ``data_mb`` is 0 unless ``data.loader=tensor``; ``best_weights_mb`` is the copy of the best weights
+    ``fit`` holds from the second epoch on (0 for one epoch).
+    """
+
+    device: str
+    batch_size: int
     params_mb: float
+    data_mb: float
     gradients_mb: float
     optimizer_mb: float
     amp_copies_mb: float
     activations_mb: float
     input_mb: float
+    best_weights_mb: float
+    transients_mb: float
+    workspace_mb: float
     total_mb: float
 
-    def as_dict(self):
-        import dataclasses
-        return dataclasses.asdict(self)
+    def counted(self) -> dict[str, bool]:
+        """Which components ``total_mb`` includes on this device."""
+        return {f.name: f.name not in ("params_mb", "data_mb") or self.device == "cuda"
+                for f in dataclasses.fields(self) if f.name.endswith("_mb") and f.name != "total_mb"}
+
+    def table(self) -> str:
+        """A printable breakdown; components in the baseline (not counted) are marked."""
+        rows = [f"predicted peak memory on {self.device}, batch {self.batch_size}",
+                f"  {'component':<14} {'MiB':>10}"]
+        for name, counted in self.counted().items():
+            note = "" if counted else "  (in the CPU baseline: not counted)"
+            rows.append(f"  {name[:-3]:<14} {getattr(self, name):>10.1f}{note}")
+        rows.append(f"  {'total':<14} {self.total_mb:>10.1f}")
+        return "\n".join(rows)
 
 
 def predict(cfg: Config, device: torch.device, batch_size: int | None = None) -> MemoryPrediction:
+    """Predict ``mem/peak_mb`` of training ``cfg`` on ``device`` (batch ``batch_size``, default ``cfg.batch_size``)."""
     batch = batch_size or cfg.batch_size
-    s = saved_bytes(cfg, device, batch)
-    mult = {"sgd": 1 if cfg.optim.momentum else 0, "adam": 2, "adamw": 2}[cfg.optim.name.value]
-    voxels = batch * cfg.data.in_channels * cfg.data.size ** 3
-    comp = dict(params_mb=s.params / MIB, gradients_mb=s.params / MIB, optimizer_mb=mult * s.params / MIB,
-                amp_copies_mb=s.amp_copies / MIB, activations_mb=s.activations / MIB, input_mb=5 * voxels / MIB)
-    total = sum(v for k, v in comp.items() if k != "params_mb")
-    return MemoryPrediction(**comp, total_mb=total)
+    fp = footprint(cfg, device, batch)
+    gradients = fp.params
+    optimizer = optimizer_state_factor(cfg.optim) * fp.params
+    batch_in = input_bytes(cfg.data, batch)
+    peak = max(fp.peak, gradients + step_temporaries(cfg.optim, device, fp))
+    transients = max(0, peak - gradients - fp.amp_copies - fp.activations - batch_in)
+    workspace = (CPU_FIXED_MB * MIB + CPU_REORDER_COPIES * fp.largest_activation) if device.type == "cpu" else 0
+    parts = {"params_mb": fp.params,
+             "data_mb": dataset_bytes(cfg.data) if cfg.data.loader is Loader.tensor else 0,
+             "gradients_mb": gradients, "optimizer_mb": optimizer, "amp_copies_mb": fp.amp_copies,
+             "activations_mb": fp.activations, "input_mb": batch_in,
+             "best_weights_mb": fp.params + fp.buffers if cfg.epochs > 1 else 0,
+             "transients_mb": transients, "workspace_mb": workspace}
+    parts = {name: value / MIB for name, value in parts.items()}
+    prediction = MemoryPrediction(device.type, batch, **parts, total_mb=0.0)
+    total = sum(value for name, value in parts.items() if prediction.counted()[name])
+    return dataclasses.replace(prediction, total_mb=total)
+
+
+@hydra.main(config_path=str(Path(__file__).resolve().parent.parent / "conf"), config_name="memory",
+            version_base="1.3")
+def main(dict_cfg: DictConfig) -> None:
+    try:
+        cfg: Config = OmegaConf.to_object(dict_cfg)
+        print(predict(cfg, resolve_device(cfg)).table(), flush=True)
+    except (UsageError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    register()
+    main()

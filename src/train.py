@@ -28,10 +28,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from src import config as schema
 from src import dist
+from src.autobatch import fit_batch
 from src.config import ParallelMode
 from src.data import ensure_file, load_splits, make_loader
 from src.engine import Trainer, resolve_amp_dtype, resolve_device
 from src.errors import UsageError
+from src.memory import predict
 from src.models import MODELS, build_model
 from src.models.profile import train_flops
 from src.tracking import RunLogger, config_hash, ensure_store, environment_tags, flatten, read_parent_id, tracking_uri
@@ -136,7 +138,8 @@ def run_rank(job: Job, rank: dist.Rank, init_method: str = "env://") -> dict[str
         width = data_parallel_width(cfg, job.gpus)
         loaders = {split: make_loader(cfg.data, tensors, cfg.batch_size * width, cfg.seed, split == "train", device,
                                       rank.rank, rank.world) for split, tensors in splits.items()}
-        trainer = Trainer(cfg, model, loaders, device, rank, flops_per_sample(cfg), devices=rank.world * width)
+        trainer = Trainer(cfg, model, loaders, device, rank, flops_per_sample(cfg), devices=rank.world * width,
+                          predicted_mb=predict(cfg, device).total_mb if rank.is_main else None)
         run = RunLogger(mlflow.MlflowClient(job.tracking_uri), job.run_id) if rank.is_main else None
         if run:
             run.set_tags({"mem.source": trainer.memory.source, "device": str(device), "num_threads": str(threads),
@@ -254,6 +257,10 @@ def train(cfg: DictConfig) -> float:
     overrides = list(hydra_cfg.overrides.task)
     with job_gpus(hydra_cfg) if device.type == "cuda" else contextlib.nullcontext(()) as gpus:
         world = external.world if external else dist.world_size(typed, gpus) if ddp else data_parallel_width(typed, gpus)
+        auto_tags = {}
+        if typed.batch_size == "auto":
+            typed, auto_tags = fit_batch(typed, device, world)
+            job = dataclasses.replace(job, cfg=typed)
         check_split_sizes(typed, world)
         retry_of = None
         while True:
@@ -264,7 +271,7 @@ def train(cfg: DictConfig) -> float:
                 client, typed.mlflow.experiment, run_name(overrides), params,
                 tags={"config_hash": config_hash(params), "overrides": " ".join(overrides),
                       "output_dir": str(output_dir.resolve()), **({"retry_of": retry_of} if retry_of else {}),
-                      **environment_tags()},
+                      **auto_tags, **environment_tags()},
                 parent_id=read_parent_id(Path(hydra_cfg.sweep.dir)) if multirun else None)
             job = dataclasses.replace(job, run_id=run.run_id, gpus=gpus)
             log.info("MLflow run %s in %s; output %s", run.run_id, job.tracking_uri, output_dir)
@@ -279,7 +286,7 @@ def train(cfg: DictConfig) -> float:
                     raise
                 retry = job.cfg.oom_retry and job.cfg.batch_size > 1
                 run.set_tags({"status": "oom", "retried": str(retry).lower()})
-                run.log_metrics(oom, step=0)
+                run.log_metrics({**oom, "mem/predicted_mb": predict(job.cfg, device).total_mb}, step=0)
                 run.finish("FAILED")
                 message = (f"out of memory at batch_size={job.cfg.batch_size} (peak {oom['mem/peak_mb']:.0f} MiB)")
                 if retry:

@@ -68,7 +68,6 @@ def test_top_level_keys_are_the_documented_ones():
 
 @pytest.mark.parametrize("override,message", [
     ("amp=maybe", "amp"),
-    ("batch_size=four", "batch_size"),
     ("model.activation=tanh", "tanh"),
     ("model.colour=red", "colour"),
     ("model=resnet7", "resnet7"),
@@ -82,6 +81,8 @@ def test_bad_keys_types_and_choices_fail_at_composition(override, message):
 
 @pytest.mark.parametrize("override,message", [
     ("batch_size=0", "batch_size=0 must be >= 1"),
+    ("batch_size=four", "batch_size=four must be an integer >= 1 or auto"),
+    ("effective_batch_size=0", "effective_batch_size=0 must be >= 1"),
     ("accumulate=0", "accumulate=0 must be >= 1"),
     ("data.size=32", "data.size=32 is not a MedMNIST 3D size"),
     ("limit_batches=0", "limit_batches=0"),

@@ -1,13 +1,15 @@
-"""Out-of-memory tolerance (real torch.OutOfMemoryError by fault injection), FLOP counting, MFU, speed switches."""
+"""Out-of-memory tolerance (real torch.OutOfMemoryError by fault injection), batch auto-fit, FLOPs, MFU, switches."""
 from __future__ import annotations
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from torch import nn
 
 from src.measure import KNOWN_PEAKS, peak_flops
+from src.memory import predict
 from src.models.profile import forward_flops, train_flops
-from tests.conftest import run_cli, runs
+from tests.conftest import compose_config, run_cli, runs
 from tests.test_train import small_run
 
 
@@ -90,3 +92,24 @@ def test_torch_compile_trains(tmp_path, store, shared_data):
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = runs(store)
     assert run.info.status == "FINISHED" and run.data.params["compile"] == "True"
+
+
+def test_auto_batch_fits_the_budget_and_keeps_the_effective_batch(tmp_path, store, shared_data):
+    overrides = small_run(tmp_path, store, shared_data, "model.stem=small", "batch_size=auto",
+                          "effective_batch_size=8", "epochs=1", "limit_batches=2")
+    cfg = OmegaConf.to_object(compose_config(*[o for o in overrides if not o.startswith("hydra.")]))
+    budget = predict(cfg, torch.device("cpu"), 4).total_mb + 1  # room for 4 per step, not for 8
+    result = run_cli(*overrides, f"mem_budget_mb={budget}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = runs(store)
+    batch, accumulate = int(run.data.params["batch_size"]), int(run.data.params["accumulate"])
+    assert batch in (2, 4) and batch * accumulate == 8 and run.data.params["effective_batch_size"] == "8"
+    assert run.data.tags["batch.auto"] == "true" and float(run.data.tags["batch.auto_predicted_mb"]) <= budget
+    assert run.data.metrics["mem/peak_mb"] <= budget
+
+
+def test_every_run_logs_its_predicted_memory(tmp_path, store, shared_data):
+    assert run_cli(*small_run(tmp_path, store, shared_data, "epochs=1")).returncode == 0
+    (run,) = runs(store)
+    metrics = run.data.metrics
+    assert metrics["mem/predict_ratio"] == pytest.approx(metrics["mem/peak_mb"] / metrics["mem/predicted_mb"])

@@ -1,0 +1,96 @@
+"""``batch_size=auto``: the largest micro-batch the memory predictor says fits, confirmed by one real step."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from pathlib import Path
+
+import torch
+
+from src.config import Config, Norm
+from src.data import load_splits, make_loader
+from src.engine import Trainer
+from src.errors import UsageError
+from src.memory import predict
+from src.models import build_model
+
+log = logging.getLogger(__name__)
+
+
+def budget_mb(cfg: Config, device: torch.device) -> float:
+    """``mem_budget_mb``, or the device's free memory (CUDA: free device memory; CPU: MemAvailable)."""
+    if cfg.mem_budget_mb is not None:
+        return cfg.mem_budget_mb
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0] / 2**20
+    return int(re.search(r"^MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M).group(1)) / 1024
+
+
+def predicted_mb(cfg: Config, device: torch.device, batch_size: int) -> float:
+    return predict(dataclasses.replace(cfg, batch_size=batch_size), device, batch_size).total_mb
+
+
+def smallest_batch(cfg: Config) -> int:
+    """BatchNorm cannot train on one sample of a 1^3 map, so it needs micro-batches of 2 or more."""
+    return 2 if cfg.model.norm is Norm.batch else 1
+
+
+def largest_predicted(cfg: Config, device: torch.device, budget: float, upper: int) -> int:
+    """The largest micro-batch up to ``upper`` predicted within ``budget`` (bisection; 0 if none)."""
+    low, high = smallest_batch(cfg) - 1, upper
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if predicted_mb(cfg, device, mid) <= budget else (low, mid - 1)
+    return low if low >= smallest_batch(cfg) else 0
+
+
+def candidates(cfg: Config, world: int, largest: int) -> list[int]:
+    """Micro-batches to confirm, largest first: divisors of the per-rank effective batch, or halvings."""
+    smallest = smallest_batch(cfg)
+    if cfg.effective_batch_size is None:
+        return [largest >> k for k in range(largest.bit_length()) if largest >> k >= smallest]
+    per_rank, rest = divmod(cfg.effective_batch_size, world)
+    if rest:
+        raise UsageError(f"effective_batch_size={cfg.effective_batch_size} is not a multiple of the {world} ranks: "
+                         f"use a multiple of {world}")
+    return [b for b in range(min(per_rank, largest), smallest - 1, -1) if per_rank % b == 0]
+
+
+def probe_peak_mb(cfg: Config, device: torch.device, batch_size: int) -> float:
+    """Measured peak of one real training step at ``batch_size`` (the run's model, data and precision)."""
+    probe = dataclasses.replace(cfg, batch_size=batch_size, accumulate=1, limit_batches=1, epochs=1)
+    model = build_model(cfg.model, cfg.data.in_channels, cfg.data.num_classes, cfg.data.size).to(device)
+    splits = load_splits(cfg.data)
+    loaders = {"train": make_loader(cfg.data, splits["train"], batch_size, cfg.seed, True, device)}
+    trainer = Trainer(probe, model, loaders, device)
+    trainer.memory.start()
+    peak = trainer.train_epoch(0)["mem/peak_mb"]
+    del trainer, model, loaders
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return peak
+
+
+def fit_batch(cfg: Config, device: torch.device, world: int) -> tuple[Config, dict[str, str]]:
+    """``cfg`` with the chosen micro-batch and accumulation, and tags saying how it was chosen."""
+    budget = budget_mb(cfg, device)
+    largest = largest_predicted(cfg, device, budget, len(load_splits(cfg.data)["train"][1]) // world)
+    target = cfg.effective_batch_size
+    for batch in candidates(cfg, world, largest):
+        predicted = predicted_mb(cfg, device, batch)
+        try:
+            measured = probe_peak_mb(cfg, device, batch)
+        except torch.OutOfMemoryError:
+            continue
+        if measured > budget:
+            log.info("batch_size=auto: %d predicted %.0f MiB but measured %.0f > budget", batch, predicted, measured)
+            continue
+        accumulate = target // (batch * world) if target else cfg.accumulate
+        log.info("batch_size=auto: batch_size=%d accumulate=%d (predicted %.0f MiB, probe %.0f MiB, budget %.0f MiB)",
+                 batch, accumulate, predicted, measured, budget)
+        return dataclasses.replace(cfg, batch_size=batch, accumulate=accumulate), {
+            "batch.auto": "true", "batch.auto_budget_mb": f"{budget:.0f}",
+            "batch.auto_predicted_mb": f"{predicted:.0f}", "batch.auto_probe_mb": f"{measured:.0f}"}
+    raise UsageError(f"batch_size=auto: no micro-batch fits mem_budget_mb={budget:.0f}: raise mem_budget_mb, "
+                     f"or save memory (amp=true, model.checkpointing=true)")

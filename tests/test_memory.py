@@ -1,0 +1,156 @@
+"""The memory predictor: its accounting on small real models, and its predictions against real CPU runs."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from src import memory
+from src.engine import build_optimizer
+from src.models import build_model
+from tests.conftest import compose_config, run_cli
+
+CPU = torch.device("cpu")
+TOLERANCE = 0.15  # the predictor's contract on CPU: measured / predicted within 1 +- 15%
+
+
+def typed(*overrides: str):
+    return OmegaConf.to_object(compose_config("data=synthetic", "model=resnet18", "model.stem=standard", *overrides))
+
+
+def activations(*overrides: str, batch_size: int = 2) -> int:
+    return memory.footprint(typed(*overrides), CPU, batch_size).activations
+
+
+def conv_net(inplace: bool) -> nn.Module:
+    return nn.Sequential(nn.Conv3d(1, 8, 3, padding=1), nn.ReLU(inplace=inplace), nn.Conv3d(8, 8, 3, padding=1))
+
+
+@pytest.mark.parametrize("overrides, factor", [(("optim=sgd", "optim.momentum=0"), 0), (("optim=sgd",), 1),
+                                               (("optim=adam",), 2), (("optim=adamw",), 2)])
+def test_optimizer_state_is_what_the_real_optimizer_allocates(overrides, factor):
+    cfg = typed(*overrides)
+    model = conv_net(inplace=False)
+    optimizer = build_optimizer(cfg.optim, model.parameters())
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    optimizer.step()
+    state = sum(t.numel() * t.element_size() for s in optimizer.state.values() for k, t in s.items()
+                if isinstance(t, torch.Tensor) and k != "step")
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert memory.optimizer_state_factor(cfg.optim) == factor
+    assert state == factor * params
+
+
+@pytest.mark.parametrize("overrides", [("optim=adam",), ("optim=adam", "optim.weight_decay=0.01"), ("optim=adamw",),
+                                       ("optim=sgd",), ("optim=sgd", "optim.nesterov=true"),
+                                       ("optim=sgd", "optim.weight_decay=0")])
+def test_cpu_step_temporaries_are_the_real_step_peak(overrides):
+    cfg = typed(*overrides)
+    model = nn.Sequential(nn.Linear(32, 300), nn.Linear(300, 8))  # the largest parameter first: no earlier
+    # parameter's temporaries are still referenced while its own are made
+    optimizer = build_optimizer(cfg.optim, model.parameters())
+    for _ in range(2):  # the first step allocates the state; the second shows the temporaries alone
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        with memory.LiveBytes() as live:
+            optimizer.step()
+    sizes = [p.numel() * p.element_size() for p in model.parameters()]
+    fp = memory.Footprint(sum(sizes), 0, max(sizes), 0, 0, 0, 0)
+    assert memory.step_temporaries(cfg.optim, CPU, fp) == live.peak
+
+
+def test_saved_tensors_counts_a_storage_once():
+    """The in-place ReLU's output is saved by the ReLU and by the next conv: one storage, counted once."""
+    model, x = conv_net(inplace=True), torch.randn(2, 1, 8, 8, 8)
+    saved = memory.SavedTensors([*model.parameters(), x])
+    with saved:
+        model(x)
+    assert saved.sizes == [2 * 8 * 8**3 * 4]
+
+
+def test_amp_saves_low_precision_activations_and_caches_weight_casts():
+    model, x = conv_net(inplace=True), torch.randn(2, 1, 8, 8, 8)
+    saved = memory.SavedTensors([*model.parameters(), x])
+    with torch.autocast("cpu", dtype=torch.bfloat16), saved, memory.WeightCasts(list(model.parameters())) as casts:
+        model(x)
+        model(x)  # autocast's cache: the second forward casts no parameter again
+    assert sorted(saved.sizes) == [2 * 1 * 8**3 * 2, 2 * 8 * 8**3 * 2]  # bf16: conv1's input cast, the ReLU's output
+    assert casts.nbytes == 2 * sum(p.numel() for p in model.parameters())
+
+
+def test_amp_changes_the_zoo_activations_and_adds_bf16_weight_copies():
+    fp32, amp = (memory.predict(typed(f"amp={a}"), CPU, batch_size=4) for a in ("false", "true"))
+    with torch.device("meta"):
+        model = build_model(typed().model, 1, 2, 28)
+    cast = [p for m in model.modules() if isinstance(m, (nn.Conv3d, nn.Linear)) for p in m.parameters()]
+    assert amp.amp_copies_mb == 2 * sum(p.numel() for p in cast) / memory.MIB and fp32.amp_copies_mb == 0
+    assert amp.activations_mb < fp32.activations_mb
+
+
+@pytest.mark.parametrize("model", ["resnet18", "densenet121"])
+def test_activations_scale_linearly_with_batch(model):
+    a2, a4, a8 = (activations(f"model={model}", batch_size=b) for b in (2, 4, 8))
+    assert a4 - a2 > 0 and a8 - a4 == 2 * (a4 - a2)
+
+
+@pytest.mark.parametrize("amp", ["false", "true"])
+def test_checkpointing_cuts_densenet_activations(amp):
+    """MedMNIST's own set-up (small stem, 28^3): checkpointing saves at least 40% of the activations."""
+    dense = ("model=densenet121", "model.stem=small", f"amp={amp}")
+    plain, ckpt = (activations(*dense, f"model.checkpointing={c}") for c in ("false", "true"))
+    assert ckpt < 0.6 * plain
+
+
+def test_components_counted_on_each_device():
+    one, two = (memory.predict(typed(f"epochs={e}"), CPU, batch_size=4) for e in (1, 2))
+    parts = {k: v for k, v in dataclasses.asdict(one).items() if k.endswith("_mb") and k != "total_mb"}
+    assert one.total_mb == pytest.approx(sum(v for k, v in parts.items() if one.counted()[k]))
+    assert {k for k, counted in one.counted().items() if not counted} == {"params_mb", "data_mb"}
+    assert all(dataclasses.replace(one, device="cuda").counted().values())
+    assert one.gradients_mb == one.params_mb and one.optimizer_mb == 2 * one.params_mb  # adam
+    assert one.best_weights_mb == 0 and two.best_weights_mb > two.params_mb  # parameters and BN buffers
+    assert one.data_mb == sum(typed().data.synthetic_samples) * (28**3 + 8) / memory.MIB
+    assert memory.predict(typed("data.loader=dataloader"), CPU, batch_size=4).data_mb == 0
+
+
+def test_cli_prints_the_breakdown():
+    result = run_cli("model=resnet18", "model.stem=standard", "data=synthetic", "batch_size=4", module="src.memory",
+                     timeout=120)
+    assert result.returncode == 0, result.stderr
+    expected = memory.predict(typed(), CPU, batch_size=4)
+    assert result.stdout.splitlines()[-1].split() == ["total", f"{expected.total_mb:.1f}"]
+    assert "params" in result.stdout and "in the CPU baseline: not counted" in result.stdout
+
+
+def test_cli_refuses_float16_on_cpu():
+    result = run_cli("amp=true", "amp_dtype=float16", "device=cpu", module="src.memory", timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: amp_dtype=float16 needs a CUDA device")
+
+
+def measured_cell(shared_data, *overrides: str) -> dict:
+    """One real training cell (``benchmarks/memory_table.py --cell``) in a fresh process."""
+    result = run_cli("--cell", "data=adrenalmnist3d", f"data.root={shared_data}", "data.download=false", "device=cpu",
+                     "num_threads=2", "limit_batches=3", "epochs=1", *overrides, module="benchmarks.memory_table")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def assert_within_tolerance(cell: dict) -> None:
+    ratio = cell["measured_mb"] / cell["prediction"]["total_mb"]
+    assert 1 - TOLERANCE <= ratio <= 1 + TOLERANCE, cell
+
+
+def test_resnet18_run_matches_the_prediction(shared_data):
+    assert_within_tolerance(measured_cell(shared_data, "model=resnet18", "model.stem=standard", "batch_size=4"))
+
+
+@pytest.mark.slow
+def test_densenet121_checkpointed_run_matches_the_prediction(shared_data):
+    assert_within_tolerance(measured_cell(shared_data, "model=densenet121", "model.stem=standard", "data.size=64",
+                                          "batch_size=4", "model.checkpointing=true"))

@@ -1,12 +1,14 @@
 """Predicted vs measured peak training memory on CPU: one fresh process per cell, a Markdown table out.
 
-    python -m benchmarks.memory_table --threads 2 --steps 3   # from the project root
+    python -m benchmarks.memory_table --threads 2 --steps 3              # from the project root
+    python -m benchmarks.memory_table --held-out                         # cells the constants were not fitted on
 
 Each cell builds the model, loaders and ``Trainer`` as ``src.train.run_rank`` does (real AdrenalMNIST3D,
-``data.loader=tensor``), calls :func:`src.memory.predict` where ``run_rank`` would, starts the memory
-monitor as ``Trainer.fit`` does and trains ``--steps`` optimizer steps with ``train_epoch``. A cell runs in
-its own interpreter so no RSS peak leaks from one cell into the next. ``--cell KEY=VALUE ...`` runs one cell
-here and prints its result as one JSON line (the tests use it).
+``data.loader=tensor``), predicts with :func:`src.memory.predict` where ``run_rank`` does, and runs
+``Trainer.fit`` for one epoch of ``--steps`` optimizer steps: ``memory.start()``, ``train_epoch``, and the
+``mem/peak_mb`` that epoch logs (evaluation comes after it). A cell runs in its own interpreter so no RSS
+peak leaks from one cell into the next. ``--cell KEY=VALUE ...`` runs one cell here and prints its result
+as one JSON line (the tests use it).
 """
 from __future__ import annotations
 
@@ -19,60 +21,76 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA_ROOT = ROOT.parent / "shared" / "data" / "medmnist"
-# (model, data.size, model.stem): densenet121's small stem costs ~50 forward GFLOPs per sample at 28^3,
-# too slow for 2 CPU cores, so every cell uses the standard stem.
+# (model, data.size, model.stem): the standard stem throughout, since densenet121's small stem costs
+# ~50 forward GFLOPs per sample at 28^3; densenet121 at 64^3 so that its activations dominate.
 MODELS = (("resnet18", 28, "standard"), ("resnet18", 64, "standard"), ("densenet121", 64, "standard"))
 BATCHES = (4, 16)
-
-
-def cell_overrides(model: str, size: int, stem: str, batch: int, amp: bool, ckpt: bool) -> list[str]:
-    return [f"model={model}", f"data.size={size}", f"model.stem={stem}", f"batch_size={batch}",
-            f"amp={str(amp).lower()}", f"model.checkpointing={str(ckpt).lower()}"]
+COLUMNS = {"model": "model", "data.size": "size", "model.stem": "stem", "batch_size": "batch", "amp": "amp",
+           "model.checkpointing": "ckpt"}
+HELD_OUT = (  # other models, batches, optimizers, two epochs (fit's copy of the best weights), the small stem
+    "model=resnet18 data.size=64 model.stem=standard batch_size=8 optim=sgd",
+    "model=resnet34 data.size=64 model.stem=standard batch_size=8 amp=true optim=adamw",
+    "model=resnet50 data.size=64 model.stem=standard batch_size=4",
+    "model=resnet10 data.size=64 model.stem=standard batch_size=32",
+    "model=resnet18 data.size=28 model.stem=standard batch_size=32 epochs=2",
+    "model=densenet121 data.size=28 model.stem=standard batch_size=32",
+    "model=densenet121 data.size=64 model.stem=standard batch_size=8 model.checkpointing=true",
+    "model=densenet121 data.size=28 model.stem=small batch_size=2 limit_batches=2",
+    "model=densenet121 data.size=28 model.stem=small batch_size=2 limit_batches=2 model.checkpointing=true",
+)
 
 
 def grid() -> list[list[str]]:
     """Every model x batch x amp, checkpointing on and off for DenseNet only (ResNet ignores it)."""
-    return [cell_overrides(model, size, stem, batch, amp, ckpt)
+    return [[f"model={model}", f"data.size={size}", f"model.stem={stem}", f"batch_size={batch}",
+             f"amp={str(amp).lower()}", f"model.checkpointing={str(ckpt).lower()}"]
             for model, size, stem in MODELS for batch in BATCHES for amp in (False, True)
             for ckpt in ((False, True) if model.startswith("densenet") else (False,))]
 
 
 def run_cell(overrides: list[str]) -> dict:
-    """Train a few steps in this process as ``run_rank`` and ``fit`` do; the prediction and the measured peak."""
+    """Train in this process as ``run_rank`` does; the prediction and the ``mem/peak_mb`` the run logs."""
     import torch
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
     from src import config as schema
-    from src import memory
     from src.data import load_splits, make_loader
-    from src.engine import Trainer
-    from src.models import build_model
-    from src.train import seed_everything, wrap
     from src.dist import Rank
+    from src.engine import Trainer
+    from src.memory import predict
+    from src.models import build_model
+    from src.train import flops_per_sample, seed_everything, wrap
 
     schema.register()
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = OmegaConf.to_object(compose("config", overrides=overrides))
-    device = torch.device("cpu")
+    device, rank = torch.device("cpu"), Rank()
     seed_everything(cfg)
     splits = load_splits(cfg.data)
     model = build_model(cfg.model, cfg.data.in_channels, cfg.data.num_classes, cfg.data.size)
     memory_format = torch.channels_last_3d if cfg.channels_last else torch.contiguous_format
-    model = wrap(model.to(device, memory_format=memory_format), cfg, device, Rank(), ())
+    model = model.to(device, memory_format=memory_format)
+    model = wrap(torch.compile(model) if cfg.compile else model, cfg, device, rank, ())
     loaders = {split: make_loader(cfg.data, tensors, cfg.batch_size, cfg.seed, split == "train", device)
                for split, tensors in splits.items()}
-    trainer = Trainer(cfg, model, loaders, device)
-    prediction = memory.predict(cfg, device)
-    trainer.memory.start()
-    trainer.train_epoch(0)
-    return {"prediction": dataclasses.asdict(prediction), "measured_mb": trainer.memory.peak()["mem/peak_mb"]}
+    prediction = predict(cfg, device)
+    trainer = Trainer(cfg, model, loaders, device, rank, flops_per_sample(cfg), predicted_mb=prediction.total_mb)
+    logged = []
+    trainer.fit(lambda metrics, step: logged.append(metrics))
+    last = [metrics for metrics in logged if "mem/peak_mb" in metrics][-1]
+    return {"prediction": dataclasses.asdict(prediction), "measured_mb": last["mem/peak_mb"]}
 
 
-def child(overrides: list[str]) -> dict:
-    result = subprocess.run([sys.executable, "-m", "benchmarks.memory_table", "--cell", *overrides], cwd=ROOT, capture_output=True,
-                            text=True, check=True)
-    return json.loads(result.stdout.splitlines()[-1])
+def row(overrides: list[str], result: dict) -> str:
+    """A table row: the cell's keys, what else it overrides, prediction, activations, measured, ratio."""
+    values = dict(item.split("=", 1) for item in overrides)
+    cells = [values.pop(key, "false" if key in ("amp", "model.checkpointing") else "") for key in COLUMNS]
+    cells[1] += "^3"
+    predicted, measured = result["prediction"]["total_mb"], result["measured_mb"]
+    cells += [" ".join(f"{k}={v}" for k, v in values.items()), f"{predicted:.0f}",
+              f"{result['prediction']['activations_mb']:.0f}", f"{measured:.0f}", f"{measured / predicted:.2f}"]
+    return "| " + " | ".join(cells) + " |"
 
 
 def main() -> None:
@@ -80,6 +98,7 @@ def main() -> None:
     parser.add_argument("--data-root", default=str(DATA_ROOT))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps per cell (limit_batches)")
+    parser.add_argument("--held-out", action="store_true", help="the held-out cells instead of the grid")
     parser.add_argument("--cell", nargs=argparse.REMAINDER, help="run one cell with these overrides, print JSON")
     args = parser.parse_args()
     fixed = ["data=adrenalmnist3d", f"data.root={args.data_root}", "data.download=false", "device=cpu",
@@ -87,16 +106,13 @@ def main() -> None:
     if args.cell is not None:
         print(json.dumps(run_cell(fixed + args.cell)))
         return
-    print("| model | size | stem | batch | amp | ckpt | predicted MiB | activations MiB | measured MiB | ratio |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for overrides in grid():
-        values = dict(item.split("=", 1) for item in overrides)
-        result = child(fixed + overrides)
-        predicted, measured = result["prediction"]["total_mb"], result["measured_mb"]
-        print(f"| {values['model']} | {values['data.size']}^3 | {values['model.stem']} | {values['batch_size']} "
-              f"| {values['amp']} | {values['model.checkpointing']} | {predicted:.0f} "
-              f"| {result['prediction']['activations_mb']:.0f} | {measured:.0f} | {measured / predicted:.2f} |",
-              flush=True)
+    print(f"| {' | '.join(COLUMNS.values())} | other | predicted MiB | activations MiB | measured MiB | ratio |")
+    print("|---" * (len(COLUMNS) + 5) + "|")
+    for overrides in [cell.split() for cell in HELD_OUT] if args.held_out else grid():
+        result = subprocess.run([sys.executable, "-m", "benchmarks.memory_table", "--data-root", args.data_root,
+                                 "--threads", str(args.threads), "--steps", str(args.steps), "--cell", *overrides],
+                                cwd=ROOT, capture_output=True, text=True, check=True)
+        print(row(overrides, json.loads(result.stdout.splitlines()[-1])), flush=True)
 
 
 if __name__ == "__main__":

@@ -3,38 +3,42 @@
     python -m src.memory model=densenet121 batch_size=16 amp=true data=synthetic
 
 One training micro-step (forward, loss, backward, under the run's autocast) is replayed on fake tensors
-(``FakeTensorMode``: shapes and dtypes only, nothing allocated or computed), so even densenet121 at 64^3
-takes a second or two. The replay measures what the classic accounting needs:
+(``FakeTensorMode``: shapes and dtypes only, nothing allocated or computed), in a few seconds even for
+densenet121 at 64^3. The replay measures:
 
-* activations: the tensors autograd saves for backward, caught by ``saved_tensors_hooks`` and counted once
-  per storage (a ReLU's in-place output that the next conv saves too is one tensor). Parameters, buffers
-  and the input batch are not activations. ``model.checkpointing`` and in-place activations show up here.
-* AMP copies: autocast's low-precision casts of the parameters, which its cache keeps until autocast exits.
-* transients: what the classic sum misses at the peak. Every op output is tracked until freed, which gives
-  the true peak of one micro-step (gradients of activations in flight, a checkpointed bottleneck
-  recomputed in backward); transients are that peak minus gradients, AMP copies, activations and input.
+* activations: the storages autograd saves for backward (``saved_tensors_hooks``), each counted once (an
+  in-place ReLU's output that the next conv saves too is one tensor); parameters, buffers, the input and
+  weight casts are not activations. ``model.checkpointing`` and ``model.inplace_act`` change it.
+* AMP copies: autocast's casts of the parameters, cached until autocast exits (checkpointed ones too).
+* transients: every op output is tracked until freed, which gives the true peak of the micro-step; the
+  transients are what that peak (or the optimizer step's: gradients plus its temporaries) holds beyond
+  gradients, AMP copies, activations and input: activation gradients in flight, recomputed segments.
 
-Parameters, gradients (one fp32 copy of the parameters), optimizer state (SGD 0x without momentum, 1x
-with; Adam and AdamW 2x), the input batch (uint8 gather and its float32 copy), the dataset and the best
-weights ``fit`` keeps are counted from sizes. What counts depends on how ``MemoryMonitor`` measures:
+Parameters, gradients (1x the parameters), optimizer state (SGD 0x without momentum, 1x with; Adam and
+AdamW 2x), the input batch (the uint8 gather and its float32 copy), the splits ``data.loader=tensor``
+holds and the best weights ``fit`` copies from the second epoch on are counted from sizes. Which count
+follows what ``MemoryMonitor`` measures:
 
-* CUDA (``max_memory_allocated`` since ``start``): everything, parameters and the splits that
-  ``data.loader=tensor`` keeps on the device included.
-* CPU (growth of the peak resident set over the RSS at ``start``, which comes after the model is built
-  and the data loaded): parameters and the dataset are in the baseline and do not count.
+* CUDA (``max_memory_allocated`` since ``start``): every component.
+* CPU (growth of the peak RSS over the RSS at ``start``, which comes after the model is built and the
+  data loaded): all but parameters and dataset, which are in the baseline.
 
-The workspace is what the runtime adds beyond live tensors. On CPU it was fitted to measured peaks
-(``benchmarks/memory_table.py``, ``docs/benchmarks.md``): ``CPU_FIXED_MB`` (oneDNN primitives and caches,
-OpenMP and allocator arenas touched by the first step) plus ``CPU_REORDER_COPIES`` times the largest
-activation (oneDNN reorders an operand of a 3D conv into its blocked layout and back, and glibc keeps the
-freed pages resident). On CUDA the workspace is 0: cuDNN and cuBLAS workspaces are not calibrated yet.
+The workspace is what the runtime holds beyond live tensors. On CPU: glibc keeps freed heap pages
+resident (a probe of resnet18 at 64^3, batch 16, found 380 MiB resident beyond the live tensors at the
+peak of the first step), oneDNN reorders conv operands into blocked layouts, and the first step touches
+thread pools and primitive caches. It is modelled as ``CPU_FIXED_MB`` plus ``CPU_LARGEST_COPIES`` times the
+largest activation, fitted for the least worst-case error over 16 measured cells (``docs/benchmarks.md``:
+worst 8%; a fixed term alone did 20%, fixed plus a fraction of the activations 16%, a fraction of the
+rest 15%); the same cell measured again spreads by +-4%. On CUDA the workspace is 0 (cuDNN and cuBLAS
+workspaces not calibrated: no GPU measured yet).
 
-Not modelled: DDP's gradient buckets (about 1x parameters per rank), the evaluation forward (no grad,
-smaller than training), ``data.loader=dataloader`` worker processes.
+Not modelled: ``compile=true`` (the replay is eager), DDP's gradient buckets (about 1x the parameters per
+rank), ``data.loader=dataloader`` workers, the evaluation forward (no grad, below the training peak).
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import weakref
 from dataclasses import dataclass
@@ -57,8 +61,9 @@ from src.models import build_model
 from src.models.layers import activation_gain
 
 MIB = 2**20
-CPU_FIXED_MB = 60.0
-CPU_REORDER_COPIES = 2.0
+CPU_FIXED_MB = 85.0
+CPU_LARGEST_COPIES = 1.8
+CPU_BASELINE = ("params_mb", "data_mb")  # in the RSS at MemoryMonitor.start: not counted on CPU
 
 
 @dataclass(frozen=True)
@@ -158,10 +163,10 @@ class WeightCasts(TorchDispatchMode):
         return sum(self._casts.values())
 
 
-def _batch(data: DataConfig, batch_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _batch(data: DataConfig, batch_size: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     """A gathered uint8 batch, its float input (``to_input``) and labels, as ``Trainer`` makes them."""
-    images = torch.empty(batch_size, data.in_channels, data.size, data.size, data.size, dtype=torch.uint8)
-    return images, to_input(images), torch.zeros(batch_size, dtype=torch.long)
+    images = torch.empty(batch_size, data.in_channels, *[data.size] * 3, dtype=torch.uint8, device=device)
+    return images, to_input(images), torch.zeros(batch_size, dtype=torch.long, device=device)
 
 
 def footprint(cfg: Config, device: torch.device, batch_size: int) -> Footprint:
@@ -172,18 +177,19 @@ def footprint(cfg: Config, device: torch.device, batch_size: int) -> Footprint:
     ``accumulate > 1`` that replay runs a second micro-step, with the accumulated gradients held.
     """
     data = cfg.data
-    autocast = torch.autocast(device.type, dtype=resolve_amp_dtype(cfg, device), enabled=cfg.amp)
+    autocast = functools.partial(torch.autocast, device.type, dtype=resolve_amp_dtype(cfg, device), enabled=cfg.amp)
     activation_gain(cfg.model.activation)  # computed (and cached) for real: it reads a value
-    with FakeTensorMode(), torch.device(device):
-        model = build_model(cfg.model, data.in_channels, data.num_classes, data.size).train()
-        _, x, labels = _batch(data, batch_size)
+    with FakeTensorMode():
+        with torch.device(device):
+            model = build_model(cfg.model, data.in_channels, data.num_classes, data.size).train()
+        _, x, labels = _batch(data, batch_size, device)
         saved = SavedTensors([*model.parameters(), *model.buffers(), x])
-        with autocast, saved, WeightCasts(list(model.parameters())) as casts:
+        with autocast(), saved, WeightCasts(list(model.parameters())) as casts:
             F.cross_entropy(model(x), labels)
         with LiveBytes() as live:
             for _ in range(min(cfg.accumulate, 2)):
-                images, x, labels = _batch(data, batch_size)
-                with autocast:
+                images, x, labels = _batch(data, batch_size, device)  # the uint8 batch stays referenced, as in training
+                with autocast():
                     F.cross_entropy(model(x), labels).backward()
         params = _nbytes(model.parameters())
         return Footprint(sum(params), sum(_nbytes(model.buffers())), max(params), sum(saved.sizes),
@@ -248,7 +254,7 @@ class MemoryPrediction:
 
     def counted(self) -> dict[str, bool]:
         """Which components ``total_mb`` includes on this device."""
-        return {f.name: f.name not in ("params_mb", "data_mb") or self.device == "cuda"
+        return {f.name: self.device == "cuda" or f.name not in CPU_BASELINE
                 for f in dataclasses.fields(self) if f.name.endswith("_mb") and f.name != "total_mb"}
 
     def table(self) -> str:
@@ -263,25 +269,28 @@ class MemoryPrediction:
 
 
 def predict(cfg: Config, device: torch.device, batch_size: int | None = None) -> MemoryPrediction:
-    """Predict ``mem/peak_mb`` of training ``cfg`` on ``device`` (batch ``batch_size``, default ``cfg.batch_size``)."""
+    """Predict ``mem/peak_mb`` of training ``cfg`` on ``device`` at ``batch_size`` (default ``cfg.batch_size``).
+
+    Raises:
+        UsageError: no batch size to predict for (``batch_size=auto`` and none given).
+    """
     batch = batch_size or cfg.batch_size
+    if not isinstance(batch, int):
+        raise UsageError(f"batch_size={batch} has no size to predict for: give batch_size=<n>")
     fp = footprint(cfg, device, batch)
-    gradients = fp.params
-    optimizer = optimizer_state_factor(cfg.optim) * fp.params
     batch_in = input_bytes(cfg.data, batch)
-    peak = max(fp.peak, gradients + step_temporaries(cfg.optim, device, fp))
-    transients = max(0, peak - gradients - fp.amp_copies - fp.activations - batch_in)
-    workspace = (CPU_FIXED_MB * MIB + CPU_REORDER_COPIES * fp.largest_activation) if device.type == "cpu" else 0
+    peak = max(fp.peak, fp.params + step_temporaries(cfg.optim, device, fp))
     parts = {"params_mb": fp.params,
              "data_mb": dataset_bytes(cfg.data) if cfg.data.loader is Loader.tensor else 0,
-             "gradients_mb": gradients, "optimizer_mb": optimizer, "amp_copies_mb": fp.amp_copies,
-             "activations_mb": fp.activations, "input_mb": batch_in,
+             "gradients_mb": fp.params, "optimizer_mb": optimizer_state_factor(cfg.optim) * fp.params,
+             "amp_copies_mb": fp.amp_copies, "activations_mb": fp.activations, "input_mb": batch_in,
              "best_weights_mb": fp.params + fp.buffers if cfg.epochs > 1 else 0,
-             "transients_mb": transients, "workspace_mb": workspace}
+             "transients_mb": max(0, peak - fp.params - fp.amp_copies - fp.activations - batch_in),
+             "workspace_mb": CPU_FIXED_MB * MIB + CPU_LARGEST_COPIES * fp.largest_activation
+             if device.type == "cpu" else 0}
     parts = {name: value / MIB for name, value in parts.items()}
-    prediction = MemoryPrediction(device.type, batch, **parts, total_mb=0.0)
-    total = sum(value for name, value in parts.items() if prediction.counted()[name])
-    return dataclasses.replace(prediction, total_mb=total)
+    total = sum(value for name, value in parts.items() if device.type == "cuda" or name not in CPU_BASELINE)
+    return MemoryPrediction(device.type, batch, **parts, total_mb=total)
 
 
 @hydra.main(config_path=str(Path(__file__).resolve().parent.parent / "conf"), config_name="memory",

@@ -76,8 +76,9 @@ def test_saved_tensors_counts_a_storage_once():
 def test_amp_saves_low_precision_activations_and_caches_weight_casts():
     model, x = conv_net(inplace=True), torch.randn(2, 1, 8, 8, 8)
     saved = memory.SavedTensors([*model.parameters(), x])
-    with torch.autocast("cpu", dtype=torch.bfloat16), saved, memory.WeightCasts(list(model.parameters())) as casts:
-        model(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16), memory.WeightCasts(list(model.parameters())) as casts:
+        with saved:
+            model(x)
         model(x)  # autocast's cache: the second forward casts no parameter again
     assert sorted(saved.sizes) == [2 * 1 * 8**3 * 2, 2 * 8 * 8**3 * 2]  # bf16: conv1's input cast, the ReLU's output
     assert casts.nbytes == 2 * sum(p.numel() for p in model.parameters())
@@ -92,13 +93,13 @@ def test_amp_changes_the_zoo_activations_and_adds_bf16_weight_copies():
     assert amp.activations_mb < fp32.activations_mb
 
 
-@pytest.mark.parametrize("model", ["resnet18", "densenet121"])
+@pytest.mark.parametrize("model", ["resnet18", pytest.param("densenet121", marks=pytest.mark.slow)])
 def test_activations_scale_linearly_with_batch(model):
     a2, a4, a8 = (activations(f"model={model}", batch_size=b) for b in (2, 4, 8))
     assert a4 - a2 > 0 and a8 - a4 == 2 * (a4 - a2)
 
 
-@pytest.mark.parametrize("amp", ["false", "true"])
+@pytest.mark.parametrize("amp", ["false", pytest.param("true", marks=pytest.mark.slow)])
 def test_checkpointing_cuts_densenet_activations(amp):
     """MedMNIST's own set-up (small stem, 28^3): checkpointing saves at least 40% of the activations."""
     dense = ("model=densenet121", "model.stem=small", f"amp={amp}")

@@ -1,0 +1,353 @@
+"""Training-loop benchmark on CPU: the plain tutorial loop, MONAI's idiom and medsweep's Trainer, in one process.
+
+    python benchmarks/train_loops.py --model resnet18 --size 28 --batch 16 --steps 10 --warmup 2 --threads 2
+    python benchmarks/train_loops.py --model densenet121 --size 64 --batch 4 --steps 3 --warmup 1 --threads 2
+    python benchmarks/train_loops.py --model resnet18 --size 28 --sweep-best   # which medsweep switches are fastest
+
+Every variant trains on AdrenalMNIST3D's training split with the same batch, seed (set before each model is
+built), optimizer (Adam, lr 1e-3), cross-entropy loss and number of warm-up and timed steps:
+
+* ``plain``: the loop of PyTorch's tutorials: a ``Dataset`` holding the ``.npz`` arrays that turns one volume
+  into a normalised float tensor in ``__getitem__``, a shuffling ``DataLoader``, fp32, ``optimizer.zero_grad()``,
+  ``loss.item()`` every step, on the medsweep zoo model built with the default model switches.
+* ``monai`` (when ``monai`` is installed): MONAI's 3D classification idiom: ``monai.data.ArrayDataset`` with
+  ``ScaleIntensity`` + ``EnsureType``, ``monai.data.DataLoader``, MONAI's ``DenseNet121`` / ``resnet18``, the same
+  loop. MONAI's ResNet gets the stem of ``--stem``; its DenseNet has only the standard stem and needs 64^3.
+* ``medsweep``: the real ``Trainer``, built as ``src.train.run_rank`` builds it, one ``train_epoch`` per round
+  (``limit_batches`` = warm-up + timed steps), with the ``--medsweep`` overrides (default: :data:`BEST`).
+
+Timing: in rounds; in each, every variant runs its warm-up steps untimed, then its timed steps, the variant
+order reversing from round to round so that load from other processes falls on all alike. Reported: the median
+round's samples/s and ms per step; the speed-up is the median of the per-round ratios (min-max beside it).
+Peak memory: ``src.measure.MemoryMonitor`` (CPU: growth of the peak RSS, reset through /proc/self/clear_refs) over
+each variant's first round, variants one after another in this process, freed heap handed back (malloc_trim) first.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import itertools
+import os
+import shlex
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's src, also when run as a script
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+from src.config import Config, Stem  # noqa: E402
+from src.data import load_splits, make_loader, npz_path  # noqa: E402
+from src.dist import Rank  # noqa: E402
+from src.engine import Trainer  # noqa: E402
+from src.measure import MemoryMonitor, ThroughputMeter, device_name  # noqa: E402
+from src.models import build_model  # noqa: E402
+from src.models.layers import resolve_stem  # noqa: E402
+from src.train import seed_everything, wrap  # noqa: E402  (importing src.train registers the config schema)
+
+DATA_ROOT = ROOT.parent / "shared" / "data" / "medmnist"
+CPU = torch.device("cpu")
+LR = 1e-3  # medsweep's default Adam learning rate, used by every variant
+VARIANTS = ("plain", "monai", "medsweep")
+# The medsweep switches --sweep-best flips, one at a time, away from their defaults.
+SWITCHES = ("channels_last=true", "data.loader=dataloader", "model.inplace_act=false", "compile=true",
+            "non_blocking=false", "amp=true")
+# The fastest medsweep overrides per model, found with --sweep-best on this CPU (2 threads, torch 2.13.0).
+BEST = {"resnet18": (), "densenet121": ()}
+
+
+@dataclass
+class Variant:
+    """One training set-up; ``round`` runs its warm-up and timed steps and returns the timed seconds."""
+
+    name: str
+    model: str
+    stem: str
+    round: Callable[[], float]
+    seconds: list[float] = field(default_factory=list)
+    peak_mb: float | None = None
+
+
+class NpzVolumes(Dataset):
+    """The tutorials' ``Dataset``: numpy arrays kept as they are, one item converted to tensors per call."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray) -> None:
+        self.images, self.labels = images, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        image = torch.tensor(self.images[index], dtype=torch.float32).unsqueeze(0)
+        image = (image / 255 - 0.5) / 0.5  # ToTensor + Normalize(0.5, 0.5), MedMNIST's transform
+        return image, torch.tensor(self.labels[index], dtype=torch.long)
+
+
+def read_train(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """The training images ``(N, D, H, W)`` uint8 and labels ``(N,)`` int64 of a MedMNIST ``.npz``."""
+    with np.load(path) as npz:
+        return npz["train_images"], npz["train_labels"].reshape(-1).astype(np.int64)
+
+
+def tutorial_round(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer, warmup: int,
+                   steps: int) -> float:
+    """``warmup + steps`` steps of the tutorials' loop on a fresh pass over ``loader``; seconds of the last ``steps``."""
+    criterion = nn.CrossEntropyLoss()
+    model.train()
+    running_loss = 0.0
+    start = time.perf_counter()
+    for i, (inputs, labels) in enumerate(itertools.islice(loader, warmup + steps)):
+        inputs, labels = inputs.to(CPU), labels.to(CPU)
+        optimizer.zero_grad()
+        outputs = model(inputs)
+        loss = criterion(outputs, labels)
+        loss.backward()
+        optimizer.step()
+        running_loss += loss.item()  # the tutorials print it
+        if i + 1 == warmup:
+            start = time.perf_counter()
+    return time.perf_counter() - start
+
+
+def compose_config(args: argparse.Namespace, overrides: tuple[str, ...] = ()) -> Config:
+    """The typed medsweep config of this benchmark's setting plus ``overrides``."""
+    fixed = [f"model={args.model}", f"model.stem={args.stem}", "data=adrenalmnist3d", f"data.root={args.data_root}",
+             f"data.size={args.size}", "data.download=false", "device=cpu", f"num_threads={args.threads}",
+             f"batch_size={args.batch}", f"seed={args.seed}", "optim=adam", f"optim.lr={LR}", "sched=none",
+             f"limit_batches={args.warmup + args.steps}"]
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        return OmegaConf.to_object(compose("config", overrides=fixed + list(overrides)))
+
+
+def plain_variant(cfg: Config, data: tuple[np.ndarray, np.ndarray], workers: int, warmup: int) -> Variant:
+    """The tutorials' loop on medsweep's zoo model with its default switches."""
+    seed_everything(cfg)
+    model = build_model(cfg.model, cfg.data.in_channels, cfg.data.num_classes, cfg.data.size)
+    loader = DataLoader(NpzVolumes(*data), batch_size=cfg.batch_size, shuffle=True, num_workers=workers)
+    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+    timed = cfg.limit_batches - warmup
+    return Variant("plain", f"{cfg.model.name} (medsweep zoo)", stem_name(cfg),
+                   lambda: tutorial_round(model, loader, optimizer, warmup, timed))
+
+
+def monai_model(cfg: Config) -> nn.Module:
+    """MONAI's own network for ``cfg.model.name``; its ResNet with the stem of ``cfg``."""
+    from monai.networks.nets import DenseNet121, resnet18
+
+    if cfg.model.name == "densenet121":
+        return DenseNet121(spatial_dims=3, in_channels=cfg.data.in_channels, out_channels=cfg.data.num_classes)
+    stem = ({"conv1_t_size": 7, "conv1_t_stride": 2} if stem_name(cfg) == "standard"
+            else {"conv1_t_size": 3, "conv1_t_stride": 1, "no_max_pool": True})
+    return resnet18(spatial_dims=3, n_input_channels=cfg.data.in_channels, num_classes=cfg.data.num_classes, **stem)
+
+
+def monai_skip_reason(cfg: Config) -> str | None:
+    """Why the MONAI variant cannot run this setting, or None."""
+    if cfg.model.name not in ("resnet18", "densenet121"):
+        return f"no MONAI counterpart of {cfg.model.name} here (resnet18, densenet121)"
+    if cfg.model.name == "densenet121" and (cfg.data.size < 64 or stem_name(cfg) != "standard"):
+        return "MONAI's DenseNet121 has only the standard stem and needs 64^3 (its pools fail on 1^3 maps at 28^3)"
+    if find_spec("monai") is None:
+        return "monai is not installed (pip install -c constraints.txt monai)"
+    return None
+
+
+def monai_variant(cfg: Config, data: tuple[np.ndarray, np.ndarray], workers: int, warmup: int) -> Variant:
+    """MONAI's idiom: ArrayDataset with ScaleIntensity + EnsureType, monai.data.DataLoader, MONAI's network."""
+    from monai.data import ArrayDataset
+    from monai.data import DataLoader as MonaiDataLoader
+    from monai.transforms import Compose, EnsureType, ScaleIntensity
+
+    seed_everything(cfg)
+    model = monai_model(cfg)
+    images, labels = data
+    dataset = ArrayDataset(images[:, None], img_transform=Compose([ScaleIntensity(), EnsureType()]), labels=labels)
+    loader = MonaiDataLoader(dataset, batch_size=cfg.batch_size, shuffle=True, num_workers=workers)
+    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+    timed = cfg.limit_batches - warmup
+    return Variant("monai", f"MONAI {type(model).__name__}", stem_name(cfg),
+                   lambda: tutorial_round(model, loader, optimizer, warmup, timed))
+
+
+def medsweep_variant(cfg: Config, warmup: int, name: str = "medsweep") -> Variant:
+    """medsweep's ``Trainer`` as ``run_rank`` builds it; a round is one ``train_epoch`` whose meter skips ``warmup``."""
+    seed_everything(cfg)
+    splits = load_splits(cfg.data)
+    model = build_model(cfg.model, cfg.data.in_channels, cfg.data.num_classes, cfg.data.size)
+    memory_format = torch.channels_last_3d if cfg.channels_last else torch.contiguous_format
+    model = model.to(CPU, memory_format=memory_format)
+    model = wrap(torch.compile(model) if cfg.compile else model, cfg, CPU, Rank(), ())
+    loader = make_loader(cfg.data, splits["train"], cfg.batch_size, cfg.seed, True, CPU)
+    trainer = Trainer(cfg, model, {"train": loader}, CPU)
+    trainer.meter = ThroughputMeter(CPU, warmup=warmup)
+    epochs = itertools.count()
+    timed = cfg.limit_batches - warmup
+    return Variant(name, f"{cfg.model.name} (medsweep zoo)", stem_name(cfg),
+                   lambda: trainer.train_epoch(next(epochs))["perf/step_ms"] * timed / 1000)
+
+
+def stem_name(cfg: Config) -> str:
+    return resolve_stem(cfg.model.stem, cfg.data.size).value
+
+
+def release_heap() -> None:
+    """Collect garbage and hand freed heap pages back to the OS, so a new RSS baseline holds only live memory."""
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def measure(variants: list[Variant], repeats: int) -> None:
+    """``repeats`` rounds over ``variants`` (order reversed every other round); the first round of a variant
+    not yet measured also reads its peak memory."""
+    monitor = MemoryMonitor(CPU)
+    for index in range(repeats):
+        for variant in variants if index % 2 == 0 else variants[::-1]:
+            first = variant.peak_mb is None
+            if first:
+                release_heap()
+                monitor.start()
+            variant.seconds.append(variant.round())
+            if first:
+                variant.peak_mb = monitor.peak()["mem/peak_mb"]
+
+
+def speedups(variant: Variant, reference: Variant) -> list[float]:
+    """Per-round ratios of ``reference``'s time to ``variant``'s (rounds paired in time)."""
+    return [ref / own for ref, own in zip(reference.seconds, variant.seconds)]
+
+
+def table(variants: list[Variant], references: dict[str, Variant], args: argparse.Namespace) -> str:
+    """The Markdown table: one row per variant, one speed-up column per reference."""
+    head = ["variant", "model", "size", "stem", "batch", "samples/s", "step ms", "peak MiB",
+            *[f"speed-up vs {label}" for label in references]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for v in variants:
+        median_s = statistics.median(v.seconds)
+        cells = [v.name, v.model, f"{args.size}^3", v.stem, str(args.batch), f"{args.batch * args.steps / median_s:.2f}",
+                 f"{1000 * median_s / args.steps:.0f}", f"{v.peak_mb:.0f}"]
+        for reference in references.values():
+            ratios = speedups(v, reference)
+            spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
+            cells.append(f"**{statistics.median(ratios):.2f}x**{spread}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def rounds_line(variants: list[Variant], args: argparse.Namespace) -> str:
+    return "samples/s per round: " + "; ".join(
+        f"{v.name} " + " ".join(f"{args.batch * args.steps / s:.2f}" for s in v.seconds) for v in variants)
+
+
+def header(args: argparse.Namespace, n_train: int) -> str:
+    monai = f", monai {__import__('monai').__version__}" if find_spec("monai") else ""
+    return "\n".join([
+        f"command: python {shlex.join(sys.argv)}",
+        f"torch {torch.__version__}{monai}; {torch.get_num_threads()} threads; CPU: {device_name(CPU)}; "
+        f"load average at start {os.getloadavg()[0]:.2f}",
+        f"AdrenalMNIST3D {args.size}^3, {n_train} training volumes; batch {args.batch}; seed {args.seed}; Adam lr {LR}; "
+        f"per round {args.warmup} warm-up + {args.steps} timed steps, {args.repeats} rounds; loader workers {args.workers}",
+        "timing in one process, variant order reversed every other round; samples/s and step ms: median round; "
+        "speed-up: median of per-round ratios (min-max)",
+        "peak MiB: MemoryMonitor (CPU: peak RSS growth, reset via /proc/self/clear_refs) over each variant's first "
+        "round, measured one after another in this process, malloc_trim before each",
+    ])
+
+
+def run_variants(args: argparse.Namespace, data: tuple[np.ndarray, np.ndarray]) -> None:
+    """Build the asked variants, time them in rounds, print the table."""
+    base = compose_config(args)
+    overrides = tuple(args.medsweep.split()) if args.medsweep is not None else BEST.get(args.model, ())
+    print(f"medsweep overrides: {' '.join(overrides) or '(defaults)'}")
+    variants = []
+    for name in args.variants:
+        if name == "plain":
+            variants.append(plain_variant(base, data, args.workers, args.warmup))
+        elif name == "monai" and (reason := monai_skip_reason(base)):
+            print(f"monai: skipped: {reason}")
+        elif name == "monai":
+            variants.append(monai_variant(base, data, args.workers, args.warmup))
+        elif name == "medsweep":
+            variants.append(medsweep_variant(compose_config(args, overrides), args.warmup))
+    timed_table(variants, {v.name: v for v in variants if v.name == "plain"}, args)
+
+
+def sweep_best(args: argparse.Namespace, data: tuple[np.ndarray, np.ndarray]) -> None:
+    """Time medsweep with its defaults and with each switch flipped alone, then the flips that beat the defaults
+    all together; print the tables and the fastest overrides (by median speed-up over the plain loop)."""
+    plain = plain_variant(compose_config(args), data, args.workers, args.warmup)
+    defaults = medsweep_variant(compose_config(args), args.warmup, "medsweep defaults")
+    flips = [medsweep_variant(compose_config(args, (s,)), args.warmup, s) for s in SWITCHES]
+    references = {"plain": plain, "medsweep defaults": defaults}
+    scores = timed_table([plain, defaults, *flips], references, args)
+    gains = [v.name for v in flips if statistics.median(speedups(v, defaults)) > 1]
+    if len(gains) > 1:
+        together = medsweep_variant(compose_config(args, tuple(gains)), args.warmup, " ".join(gains))
+        for v in (plain, defaults):
+            v.seconds.clear()
+        scores.update(timed_table([plain, defaults, together], references, args))
+    scores.pop("plain")
+    best = max(scores, key=scores.get)
+    print(f"best: {best.removeprefix('medsweep ')}, {scores[best]:.2f}x the plain loop")
+
+
+def timed_table(variants: list[Variant], references: dict[str, Variant], args: argparse.Namespace) -> dict[str, float]:
+    """Time ``variants`` in rounds, print their table; each one's median speed-up over the plain loop, if timed."""
+    measure(variants, args.repeats)
+    print(table(variants, references, args))
+    print(rounds_line(variants, args))
+    plain = references.get("plain")
+    return {v.name: statistics.median(speedups(v, plain)) for v in variants} if plain else {}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="resnet18", help="a medsweep zoo model (monai: resnet18, densenet121)")
+    parser.add_argument("--size", type=int, default=28, choices=(28, 64))
+    parser.add_argument("--stem", default="standard", choices=[s.value for s in Stem])
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per round")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them, every round")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=0, help="DataLoader workers of plain and monai")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma list of plain, monai, medsweep")
+    parser.add_argument("--medsweep", help="Hydra overrides of the medsweep variant, space separated "
+                                           "(default: the model's best found by --sweep-best)")
+    parser.add_argument("--sweep-best", action="store_true", help="find the fastest medsweep switches instead")
+    parser.add_argument("--data-root", default=str(DATA_ROOT))
+    args = parser.parse_args(argv)
+    args.variants = args.variants.split(",")
+    if unknown := set(args.variants) - set(VARIANTS):
+        parser.error(f"--variants: unknown {', '.join(sorted(unknown))}; use {', '.join(VARIANTS)}")
+    if args.steps < 1 or args.warmup < 0 or args.repeats < 1 or args.batch < 1 or args.threads < 1:
+        parser.error("--steps, --repeats, --batch and --threads must be >= 1, --warmup >= 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    data = read_train(npz_path(compose_config(args).data))
+    if (args.warmup + args.steps) * args.batch > len(data[1]):
+        sys.exit(f"error: (warmup + steps) x batch exceeds the {len(data[1])} training volumes: lower them")
+    started = time.perf_counter()
+    torch.set_num_threads(args.threads)
+    print(header(args, len(data[1])))
+    (sweep_best if args.sweep_best else run_variants)(args, data)
+    print(f"wall time {time.perf_counter() - started:.0f} s; load average at end {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""benchmarks/train_loops.py: its table on a tiny real setting, its argument checks."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import train_loops
+from tests.conftest import ROOT
+
+
+def test_table_has_one_row_per_variant_and_a_ratio(shared_data):
+    result = subprocess.run(
+        [sys.executable, "benchmarks/train_loops.py", "--model", "resnet10", "--size", "28", "--batch", "2",
+         "--steps", "1", "--warmup", "1", "--repeats", "1", "--threads", "1", "--variants", "plain,medsweep",
+         "--data-root", str(shared_data)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "command: python benchmarks/train_loops.py --model resnet10" in out
+    assert re.search(r"torch \S+.*; 1 threads; CPU: \S", out)
+    rows = [line for line in out.splitlines() if line.startswith("| ")]
+    assert rows[0] == ("| variant | model | size | stem | batch | samples/s | step ms | peak MiB | "
+                       "speed-up vs plain |")
+    cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows[1:]]
+    assert [c[0] for c in cells] == ["plain", "medsweep"]
+    for c in cells:
+        assert c[1:5] == ["resnet10 (medsweep zoo)", "28^3", "standard", "2"]
+        assert float(c[5]) > 0 and float(c[6]) > 0 and float(c[7]) >= 0
+        assert re.fullmatch(r"\*\*\d+\.\d\dx\*\*", c[8])
+    assert cells[0][8] == "**1.00x**"
+
+
+def test_monai_densenet_at_28_is_skipped_with_the_reason():
+    args = train_loops.parse_args(["--model", "densenet121", "--size", "28"])
+    assert "64^3" in train_loops.monai_skip_reason(train_loops.compose_config(args))
+
+
+@pytest.mark.parametrize("argv", [["--variants", "plain,tutorial"], ["--steps", "0"], ["--warmup", "-1"]])
+def test_bad_arguments_are_refused(argv):
+    with pytest.raises(SystemExit):
+        train_loops.parse_args(argv)

@@ -31,10 +31,13 @@ HELD_OUT = (  # other models, batches, optimizers, two epochs (fit's copy of the
     "model=resnet18 data.size=64 model.stem=standard batch_size=8 optim=sgd",
     "model=resnet34 data.size=64 model.stem=standard batch_size=8 amp=true optim=adamw",
     "model=resnet50 data.size=64 model.stem=standard batch_size=4",
+    "model=resnet10 data.size=64 model.stem=standard batch_size=16",
     "model=resnet10 data.size=64 model.stem=standard batch_size=32",
+    "model=resnet18 data.size=64 model.stem=standard batch_size=32",
     "model=resnet18 data.size=28 model.stem=standard batch_size=32 epochs=2",
     "model=densenet121 data.size=28 model.stem=standard batch_size=32",
     "model=densenet121 data.size=64 model.stem=standard batch_size=8 model.checkpointing=true",
+    "model=densenet121 data.size=64 model.stem=standard batch_size=32 amp=true model.checkpointing=true",
     "model=densenet121 data.size=28 model.stem=small batch_size=2 limit_batches=2",
     "model=densenet121 data.size=28 model.stem=small batch_size=2 limit_batches=2 model.checkpointing=true",
 )

@@ -68,7 +68,11 @@ CPU_BASELINE = ("params_mb", "data_mb")  # in the RSS at MemoryMonitor.start: no
 
 @dataclass(frozen=True)
 class Footprint:
-    """What a replayed training micro-step measures, in bytes (parameters are not in ``peak``)."""
+    """What a replayed training micro-step measures, in bytes.
+
+    ``peak`` is the most the replay's ops held at once (input, activations, AMP copies, gradients,
+    temporaries); parameters, buffers and optimizer state exist before it and are not in it.
+    """
 
     params: int
     buffers: int

@@ -77,6 +77,7 @@ def test_known_gpus_come_from_the_table_and_cpu_from_a_cached_probe(tmp_path, mo
     assert peak_flops(torch.device("cpu"), torch.float32) == first  # cached, not probed again
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("switch", ["channels_last=true", "model.inplace_act=false", "non_blocking=false",
                                     "data.loader=dataloader"])
 def test_speed_switches_train_and_are_logged(tmp_path, store, shared_data, switch):

@@ -84,6 +84,7 @@ def test_ddp_follows_the_single_process_loss_trajectory(tmp_path, store, shared_
     assert {"mem/peak_mb/rank0", "mem/peak_mb/rank1"} <= set(two.data.metrics)
 
 
+@pytest.mark.slow
 def test_joblib_sweep_of_ddp_jobs_logs_each_job_once(tmp_path, store, shared_data):
     result, tag = run_tagged("-m", "parallel=ddp", "parallel.nproc=2", "amp=true,false", "hydra/launcher=joblib",
                              "hydra.launcher.n_jobs=2",
@@ -121,6 +122,7 @@ def test_parallel_settings_that_cannot_run_here_fail_first(tmp_path, store, shar
     assert runs(store) == []
 
 
+@pytest.mark.slow
 def test_torchrun_ranks_join_and_rank0_alone_logs(tmp_path, store, shared_data):
     torchrun = shutil.which("torchrun") or pytest.fail("torchrun ships with torch")
     outputs = tmp_path / "outputs"

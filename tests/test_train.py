@@ -67,6 +67,7 @@ def test_same_seed_reruns_are_bitwise_identical(tmp_path, store, shared_data):
     assert len(first["train/loss"]) == 2  # one value per epoch
 
 
+@pytest.mark.slow
 def test_another_seed_changes_the_run(tmp_path, store, shared_data):
     for seed in (1, 2):
         assert run_cli(*small_run(tmp_path / str(seed), store, shared_data, f"seed={seed}")).returncode == 0

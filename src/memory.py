@@ -25,12 +25,14 @@ follows what ``MemoryMonitor`` measures:
 
 The workspace is what the runtime holds beyond live tensors. On CPU: glibc keeps freed heap pages
 resident (a probe of resnet18 at 64^3, batch 16, found 380 MiB resident beyond the live tensors at the
-peak of the first step), oneDNN reorders conv operands into blocked layouts, and the first step touches
-thread pools and primitive caches. It is modelled as ``CPU_FIXED_MB`` plus ``CPU_LARGEST_COPIES`` times the
-largest activation, fitted for the least worst-case error over 16 measured cells (``docs/benchmarks.md``:
-worst 8%; a fixed term alone did 20%, fixed plus a fraction of the activations 16%, a fraction of the
-rest 15%); the same cell measured again spreads by +-4%. On CUDA the workspace is 0 (cuDNN and cuBLAS
-workspaces not calibrated: no GPU measured yet).
+first step's peak), oneDNN reorders conv operands into blocked layouts, and the first step touches
+thread pools and primitive caches. It is modelled as ``CPU_FIXED_MB`` plus ``CPU_LARGEST_COPIES`` times
+the largest activation, fitted for the least worst-case error over a 16-cell grid (``docs/benchmarks.md``:
+8%; a fixed term alone did 20%, fixed plus a fraction of the activations 16%, fixed plus a fraction of
+the other components 14%). Held-out cells: 11 of 12 within 15%; at 64^3 and batch 32, where the largest
+activation is 256 MiB, it over-predicts (resnet10 by 29%, resnet18 by 16%). The same cell measured again
+spreads by up to 8%. On CUDA the workspace is 0 (cuDNN and cuBLAS workspaces not calibrated: no GPU
+measured yet).
 
 Not modelled: ``compile=true`` (the replay is eager), DDP's gradient buckets (about 1x the parameters per
 rank), ``data.loader=dataloader`` workers, the evaluation forward (no grad, below the training peak).

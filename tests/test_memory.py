@@ -107,6 +107,11 @@ def test_checkpointing_cuts_densenet_activations(amp):
     assert ckpt < 0.6 * plain
 
 
+def test_accumulation_holds_the_gradients_through_the_next_micro_step():
+    one, two = (memory.footprint(typed(f"accumulate={a}"), CPU, 4) for a in (1, 2))
+    assert two.activations == one.activations and two.peak > one.peak
+
+
 def test_components_counted_on_each_device():
     one, two = (memory.predict(typed(f"epochs={e}"), CPU, batch_size=4) for e in (1, 2))
     parts = {k: v for k, v in dataclasses.asdict(one).items() if k.endswith("_mb") and k != "total_mb"}

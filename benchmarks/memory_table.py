@@ -1,4 +1,4 @@
-"""Predicted vs measured peak training memory on CPU: one fresh process per cell, a Markdown table out.
+"""Predicted vs measured peak training memory (CPU, or ``--device cuda``): one fresh process per cell, a Markdown table.
 
     python -m benchmarks.memory_table --threads 2 --steps 3              # from the project root
     python -m benchmarks.memory_table --held-out                         # cells the constants were not fitted on
@@ -60,7 +60,7 @@ def run_cell(overrides: list[str]) -> dict:
     from src import config as schema
     from src.data import load_splits, make_loader
     from src.dist import Rank
-    from src.engine import Trainer
+    from src.engine import Trainer, resolve_device
     from src.memory import predict
     from src.models import build_model
     from src.train import flops_per_sample, seed_everything, wrap
@@ -68,7 +68,7 @@ def run_cell(overrides: list[str]) -> dict:
     schema.register()
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = OmegaConf.to_object(compose("config", overrides=overrides))
-    device, rank = torch.device("cpu"), Rank()
+    device, rank = resolve_device(cfg), Rank()
     seed_everything(cfg)
     splits = load_splits(cfg.data)
     model = build_model(cfg.model, cfg.data.in_channels, cfg.data.num_classes, cfg.data.size)
@@ -100,11 +100,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-root", default=str(DATA_ROOT))
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps per cell (limit_batches)")
     parser.add_argument("--held-out", action="store_true", help="the held-out cells instead of the grid")
     parser.add_argument("--cell", nargs=argparse.REMAINDER, help="run one cell with these overrides, print JSON")
     args = parser.parse_args()
-    fixed = ["data=adrenalmnist3d", f"data.root={args.data_root}", "data.download=false", "device=cpu",
+    fixed = ["data=adrenalmnist3d", f"data.root={args.data_root}", "data.download=false", f"device={args.device}",
              f"num_threads={args.threads}", f"limit_batches={args.steps}", "epochs=1"]
     if args.cell is not None:
         print(json.dumps(run_cell(fixed + args.cell)))
@@ -113,7 +114,8 @@ def main() -> None:
     print("|---" * (len(COLUMNS) + 5) + "|")
     for overrides in [cell.split() for cell in HELD_OUT] if args.held_out else grid():
         result = subprocess.run([sys.executable, "-m", "benchmarks.memory_table", "--data-root", args.data_root,
-                                 "--threads", str(args.threads), "--steps", str(args.steps), "--cell", *overrides],
+                                 "--threads", str(args.threads), "--device", args.device, "--steps", str(args.steps),
+                                 "--cell", *overrides],
                                 cwd=ROOT, capture_output=True, text=True, check=True)
         print(row(overrides, json.loads(result.stdout.splitlines()[-1])), flush=True)
 

@@ -27,8 +27,6 @@ each variant's first round, variants one after another in this process, freed he
 from __future__ import annotations
 
 import argparse
-import ctypes
-import gc
 import itertools
 import os
 import shlex
@@ -68,8 +66,9 @@ VARIANTS = ("plain", "monai", "medsweep")
 SWITCHES = ("channels_last=true", "data.loader=dataloader", "model.inplace_act=false", "compile=true",
             "non_blocking=false", "amp=true")
 MIN_GAIN = 1.05  # a flip counts as faster than the defaults from this speed-up on (noise guard)
-# The fastest medsweep overrides per model, found with --sweep-best on this CPU (2 threads, torch 2.13.0).
-BEST = {"resnet18": (), "densenet121": ()}
+# The fastest medsweep overrides per model, found with --sweep-best on an AMD EPYC with avx512_bf16 (2 threads,
+# torch 2.13.0; docs/benchmarks.md): bf16 autocast alone; the other switches moved the step time by noise only.
+BEST = {"resnet18": ("amp=true",), "densenet121": ("amp=true",)}
 
 
 @dataclass
@@ -206,12 +205,6 @@ def stem_name(cfg: Config) -> str:
     return resolve_stem(cfg.model.stem, cfg.data.size).value
 
 
-def release_heap() -> None:
-    """Collect garbage and hand freed heap pages back to the OS, so a new RSS baseline holds only live memory."""
-    gc.collect()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
 def measure(variants: list[Variant], repeats: int) -> None:
     """``repeats`` rounds over ``variants`` (order reversed every other round); the first round of a variant
     not yet measured also reads its peak memory."""
@@ -220,8 +213,7 @@ def measure(variants: list[Variant], repeats: int) -> None:
         for variant in variants if index % 2 == 0 else variants[::-1]:
             first = variant.peak_mb is None
             if first:
-                release_heap()
-                monitor.start()
+                monitor.start()  # hands freed heap back first
             variant.seconds.append(variant.round())
             if first:
                 variant.peak_mb = monitor.peak()["mem/peak_mb"]

@@ -1,4 +1,4 @@
-"""``batch_size=auto``: the largest micro-batch the memory predictor says fits, confirmed by one real step."""
+"""``batch_size=auto``: the largest micro-batch the memory predictor says fits, confirmed by real steps."""
 from __future__ import annotations
 
 import dataclasses
@@ -45,21 +45,34 @@ def largest_predicted(cfg: Config, device: torch.device, budget: float, upper: i
     return low if low >= smallest_batch(cfg) else 0
 
 
+def per_rank_batch(cfg: Config, world: int, accumulate: int = 1) -> int:
+    """``effective_batch_size / (accumulate x world)``, which must divide exactly."""
+    per_rank, rest = divmod(cfg.effective_batch_size, world * accumulate)
+    if rest:
+        split = f"accumulate x ranks = {accumulate} x {world}" if accumulate > 1 else f"the {world} ranks"
+        raise UsageError(f"effective_batch_size={cfg.effective_batch_size} is not a multiple of {split}: "
+                         f"use a multiple of {world * accumulate}")
+    return per_rank
+
+
+def derived_batch(cfg: Config, world: int) -> Config:
+    """``batch_size=derived``: the micro-batch that makes ``batch_size x accumulate x world`` the effective batch."""
+    return dataclasses.replace(cfg, batch_size=per_rank_batch(cfg, world, cfg.accumulate))
+
+
 def candidates(cfg: Config, world: int, largest: int) -> list[int]:
     """Micro-batches to confirm, largest first: divisors of the per-rank effective batch, or halvings."""
     smallest = smallest_batch(cfg)
     if cfg.effective_batch_size is None:
         return [largest >> k for k in range(largest.bit_length()) if largest >> k >= smallest]
-    per_rank, rest = divmod(cfg.effective_batch_size, world)
-    if rest:
-        raise UsageError(f"effective_batch_size={cfg.effective_batch_size} is not a multiple of the {world} ranks: "
-                         f"use a multiple of {world}")
+    per_rank = per_rank_batch(cfg, world)
     return [b for b in range(min(per_rank, largest), smallest - 1, -1) if per_rank % b == 0]
 
 
 def probe_peak_mb(cfg: Config, device: torch.device, batch_size: int) -> float:
-    """Measured peak of one real training step at ``batch_size`` (the run's model, data and precision)."""
-    probe = dataclasses.replace(cfg, batch_size=batch_size, accumulate=1, limit_batches=1, epochs=1)
+    """Measured peak of real training steps at ``batch_size`` (the run's model, data and precision): two, since the
+    optimizer's state (Adam: 2x the parameters) exists only from the first step's end, in the second's peak."""
+    probe = dataclasses.replace(cfg, batch_size=batch_size, accumulate=1, limit_batches=2, epochs=1)
     model = build_model(cfg.model, cfg.data.in_channels, cfg.data.num_classes, cfg.data.size).to(device)
     splits = load_splits(cfg.data)
     loaders = {"train": make_loader(cfg.data, splits["train"], batch_size, cfg.seed, True, device)}

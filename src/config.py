@@ -12,6 +12,9 @@ from typing import Any, Optional
 from omegaconf import MISSING
 
 
+OBJECTIVES = ("test/auc", "val/auc")  # what a job can return: the test AUC, or the best epoch's validation AUC
+
+
 class Stem(Enum):
     auto = "auto"
     small = "small"
@@ -171,10 +174,12 @@ class ParallelConfig:
 @dataclass
 class FaultConfig:
     """Fault injection for tests: ``kill_rank`` SIGKILLs itself after optimizer step ``kill_step``;
-    ``oom_step`` raises a real ``torch.OutOfMemoryError`` after that step when ``batch_size >= oom_min_batch``."""
+    ``oom_step`` raises a real ``torch.OutOfMemoryError`` after that step when ``batch_size >= oom_min_batch``;
+    ``term_step``: rank 0 sends itself SIGTERM (a preemption) after that step."""
 
     kill_rank: Optional[int] = None
     kill_step: int = 1
+    term_step: Optional[int] = None
     oom_step: Optional[int] = None
     oom_min_batch: int = 1
 
@@ -198,10 +203,10 @@ class Config:
     fault: FaultConfig = field(default_factory=FaultConfig)
     amp: bool = False
     amp_dtype: AmpDtype = AmpDtype.auto
-    batch_size: Any = 32  # an int >= 1, or "auto" (the largest micro-batch that fits mem_budget_mb)
+    batch_size: Any = 32  # an int >= 1, "auto" (the largest micro-batch that fits mem_budget_mb), or "derived"
     accumulate: int = 1
     mem_budget_mb: Optional[float] = None  # batch_size=auto: null means the device's free memory
-    effective_batch_size: Optional[int] = None  # batch_size=auto keeps it by setting accumulate
+    effective_batch_size: Optional[int] = None  # auto keeps it by setting accumulate; derived: / (accumulate x ranks)
     epochs: int = 100
     seed: int = 0
     deterministic: bool = False
@@ -215,11 +220,21 @@ class Config:
     non_blocking: bool = True  # asynchronous host-to-device copies
     oom_retry: bool = False  # on out-of-memory: rerun with half the micro-batch, twice the accumulation
     log_every: int = 10
+    skip_finished: bool = True  # skip a job whose config already has a FINISHED run in the experiment
+    rerun: Optional[str] = None  # an MLflow run id: train that run's exact config again
+    resume: Optional[str] = None  # a run output folder or MLflow run id: continue that run from its checkpoint
+    objective: str = "test/auc"  # what a job returns to the sweeper (Optuna): test/auc, or val/auc (best epoch)
 
     def __post_init__(self) -> None:
-        if self.batch_size != "auto" and not (isinstance(self.batch_size, int) and not isinstance(self.batch_size, bool)):
-            raise ValueError(f"batch_size={self.batch_size} must be an integer >= 1 or auto")
-        for key in (("batch_size",) if self.batch_size != "auto" else ()) + ("accumulate", "epochs", "log_every"):
+        named = self.batch_size in ("auto", "derived")
+        if not named and not (isinstance(self.batch_size, int) and not isinstance(self.batch_size, bool)):
+            raise ValueError(f"batch_size={self.batch_size} must be an integer >= 1, auto or derived")
+        if self.batch_size == "derived" and self.effective_batch_size is None:
+            raise ValueError("batch_size=derived needs effective_batch_size=<n>: batch_size is "
+                             "effective_batch_size / (accumulate x ranks)")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective={self.objective} is not a job result: use one of {', '.join(OBJECTIVES)}")
+        for key in (() if named else ("batch_size",)) + ("accumulate", "epochs", "log_every"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key}={getattr(self, key)} must be >= 1")
         if self.limit_batches is not None and self.limit_batches < 1:
@@ -232,10 +247,27 @@ class Config:
             raise ValueError(f"grad_clip={self.grad_clip} must be > 0 or null")
 
 
+@dataclass
+class ReportMlflowConfig(MlflowConfig):
+    experiment: Optional[str] = None  # a selector here: report every run of this experiment
+
+
+@dataclass
+class ReportConfig:
+    """``python -m src.report``: exactly one of ``sweep``, ``parent``, ``mlflow.experiment`` selects the runs."""
+
+    mlflow: ReportMlflowConfig = field(default_factory=ReportMlflowConfig)
+    sweep: Optional[str] = None  # a sweep folder (it holds the parent run id)
+    parent: Optional[str] = None  # a sweep's parent run id
+    out: Optional[str] = None  # null: <sweep folder>/report, else reports/<parent run id or experiment>
+
+
 def register() -> None:
     """Register the schema as ``base_config``; ``conf/config.yaml`` composes on top of it, so every
-    group file is merged into a typed node (a wrong key, type or choice fails at composition)."""
+    group file is merged into a typed node (a wrong key, type or choice fails at composition).
+    ``base_report`` is ``conf/report.yaml``'s."""
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name="base_config", node=Config)
+    ConfigStore.instance().store(name="base_report", node=ReportConfig)
 

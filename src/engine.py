@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import logging
 import math
 import os
 import signal
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from pathlib import Path
+from typing import Any, Callable, Iterable, NoReturn
 
 import numpy as np
 import torch
@@ -19,11 +21,13 @@ from medmnist.evaluator import getACC, getAUC
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from src import checkpoint
 from src.config import AmpDtype, Config, Device, OptimConfig, OptimName, SchedConfig, SchedName
 from src.data import to_input
 from src.dist import Rank, all_reduce, gather
 from src.errors import UsageError
 from src.measure import MemoryMonitor, ThroughputMeter, peak_flops
+from src.preemption import Preempted, Preemption
 
 log = logging.getLogger(__name__)
 
@@ -101,13 +105,26 @@ class Trainer:
     With ``flops_per_sample`` (training FLOPs, forward and backward), epochs also report ``perf/tflops``
     and ``perf/mfu`` against ``devices`` x the device's peak in the compute dtype; with ``predicted_mb``,
     ``mem/predicted_mb`` and ``mem/predict_ratio`` (measured peak over predicted).
+
+    With ``checkpoint_to`` (main rank only), each epoch is saved there with ``checkpoint_meta`` before its
+    metrics are logged; a requested ``preemption`` saves the exact step and raises :class:`Preempted`.
+    :meth:`load_state_dict` continues from a checkpoint, bitwise as if never stopped on CPU.
     """
 
     def __init__(self, cfg: Config, model: torch.nn.Module, loaders: dict, device: torch.device,
                  rank: Rank = Rank(), flops_per_sample: float | None = None, devices: int = 1,
-                 predicted_mb: float | None = None) -> None:
+                 predicted_mb: float | None = None, checkpoint_to: Path | None = None,
+                 checkpoint_meta: dict[str, Any] | None = None, preemption: Preemption | None = None) -> None:
         self.cfg, self.model, self.loaders, self.device, self.rank = cfg, model, loaders, device, rank
         self.net = getattr(model, "module", model)
+        self.bare = checkpoint.unwrap(model)
+        self.checkpoint_to, self.checkpoint_meta = checkpoint_to, checkpoint_meta or {}
+        self.preemption = preemption or Preemption()  # never installed: never requested
+        self.epoch, self.step = 0, 0  # the next optimizer step: epoch, and step within it
+        self.running: dict[str, list[float]] | None = None  # resumed mid-epoch: every rank's sums so far
+        self.best_auc, self.best_state = -math.inf, None
+        self.last_metrics: dict[str, float] | None = None  # the last finished epoch's
+        self.elapsed_s, self._start = 0.0, time.perf_counter()
         self.memory_format = torch.channels_last_3d if cfg.channels_last else torch.contiguous_format
         dtype = resolve_amp_dtype(cfg, device)
         self.precision = Precision.build(cfg.amp, dtype, device)
@@ -119,6 +136,7 @@ class Trainer:
         fault = cfg.fault
         self.kill_after_step = fault.kill_step if fault.kill_rank == rank.rank else None
         self.oom_after_step = fault.oom_step if cfg.batch_size >= fault.oom_min_batch else None
+        self.term_after_step = fault.term_step if rank.is_main else None
         micro = len(loaders["train"]) if cfg.limit_batches is None else min(cfg.limit_batches, len(loaders["train"]))
         self.steps_per_epoch = max(1, micro // cfg.accumulate)
         self.scheduler, self.sched_per_step = build_scheduler(cfg.sched, self.optimizer, cfg.epochs,
@@ -155,16 +173,22 @@ class Trainer:
             self.scheduler.step()
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
-        cfg, loader = self.cfg, self.loaders["train"]
+        """One epoch from step :attr:`step` (0 unless resumed mid-epoch: the order is a pure function of the
+        seed and the epoch, so the batches already trained on are skipped, and the running sums restored)."""
+        cfg, loader, first = self.cfg, self.loaders["train"], self.step
         self.model.train()
         loader.sampler.set_epoch(epoch)
-        batches = iter(loader)
-        loss_sum = torch.zeros((), device=self.device)
-        correct = torch.zeros((), dtype=torch.long, device=self.device)
+        batches = itertools.islice(iter(loader), first * cfg.accumulate, None)
+        running = self.running or {"loss": [0.0] * self.rank.world, "correct": [0] * self.rank.world}
+        loss_sum = torch.tensor(running["loss"][self.rank.rank], dtype=torch.float32, device=self.device)
+        correct = torch.tensor(int(running["correct"][self.rank.rank]), dtype=torch.long, device=self.device)
         samples_per_step = cfg.batch_size * cfg.accumulate
-        self.meter.start_epoch(self.steps_per_epoch)
-        bar = tqdm(range(self.steps_per_epoch), desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=None, leave=False)
+        self.meter.start_epoch(self.steps_per_epoch - first)
+        bar = tqdm(range(first, self.steps_per_epoch), desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=None,
+                   leave=False)
         for step in bar:
+            if self._stop_requested(step):
+                self._preempt(epoch, step, loss_sum, correct)
             for micro in range(cfg.accumulate):
                 waited = time.perf_counter()
                 batch = next(batches)
@@ -179,12 +203,35 @@ class Trainer:
                 bar.set_postfix(loss=f"{loss.item():.4f}")
         if self.scheduler is not None and not self.sched_per_step:
             self.scheduler.step()
+        self.step, self.running = 0, None
         return self._epoch_metrics(loss_sum, correct)
 
+    def _stop_requested(self, step: int) -> bool:
+        """Whether to stop before ``step``. One process: its signal flag, a Python bool (no device sync).
+        Several ranks must stop at the same step: they agree (one MAX all-reduce) at the steps after a log
+        step and at the first step of each epoch, where the host syncs anyway."""
+        if self.rank.world == 1:
+            return self.preemption.requested
+        if step % self.cfg.log_every and step != self.step:
+            return False
+        flag = torch.tensor(float(self.preemption.requested), device=self.device)
+        return bool(all_reduce({"stop": flag}, dist.ReduceOp.MAX)["stop"].item())
+
+    def _preempt(self, epoch: int, step: int, loss_sum: torch.Tensor, correct: torch.Tensor) -> NoReturn:
+        """Checkpoint the exact position (every rank's running sums gathered to the main rank), then stop."""
+        self.epoch, self.step = epoch, step
+        self.running = {"loss": gather(loss_sum.item(), self.device), "correct": gather(correct.item(), self.device)}
+        self._save()
+        raise Preempted(f"stopped at epoch {epoch + 1} step {step}/{self.steps_per_epoch}"
+                        + (f", checkpoint {self.checkpoint_to}" if self.checkpoint_to else ""))
+
     def _inject_fault(self, step: int) -> None:
-        """``fault.*`` (tests): this rank dies, or a real out-of-memory error is raised, after ``step``."""
+        """``fault.*`` (tests): this rank dies, is asked to stop (SIGTERM), or a real out-of-memory error is
+        raised, after ``step``."""
         if step == self.kill_after_step:
             os.kill(os.getpid(), signal.SIGKILL)
+        if step == self.term_after_step:
+            os.kill(os.getpid(), signal.SIGTERM)
         if step == self.oom_after_step:
             raise torch.OutOfMemoryError(f"out of memory injected by fault.oom_step={step}")
 
@@ -231,29 +278,59 @@ class Trainer:
                 f"{split}/auc": metrics["auc"]}
 
     def fit(self, log_metrics: Callable[[dict[str, float], int], None]) -> dict[str, float]:
-        """Train ``epochs`` epochs, validating each; test the weights with the best validation AUC.
+        """Train from :attr:`epoch` to ``epochs``, validating each; test the weights with the best validation AUC.
 
-        Only the main rank validates, tests, logs and returns metrics; the others return ``{}``.
+        Each epoch is checkpointed before its metrics are logged, so a crash in between loses none (the
+        checkpoint holds them: see :attr:`last_metrics`). Only the main rank validates, tests, logs and
+        returns metrics; the others return ``{}``.
         """
-        start = time.perf_counter()
-        best_auc, best_state = -math.inf, None
+        self._start = time.perf_counter() - self.elapsed_s
         self.memory.start()
-        for epoch in range(self.cfg.epochs):
+        for epoch in range(self.epoch, self.cfg.epochs):
             metrics = self.train_epoch(epoch)
+            self.epoch = epoch + 1
             if not self.rank.is_main:
                 continue
             metrics.update(self.evaluate("val"))
+            if self.best_state is None or metrics["val/auc"] > self.best_auc:
+                self.best_auc, self.best_state = metrics["val/auc"], copy.deepcopy(self.bare.state_dict())
+            self.last_metrics = metrics
+            self._save()
             log_metrics(metrics, epoch)
             log.info("epoch %d/%d %s", epoch + 1, self.cfg.epochs,
                      " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
-            if best_state is None or metrics["val/auc"] > best_auc:
-                best_auc, best_state = metrics["val/auc"], copy.deepcopy(self.net.state_dict())
         if not self.rank.is_main:
             return {}
-        self.net.load_state_dict(best_state)
+        self.bare.load_state_dict(self.best_state)
         test = self.evaluate("test")
         final = {"test/acc": test["test/acc"], "test/auc": test["test/auc"],
                  "model/params": float(sum(p.numel() for p in self.net.parameters() if p.requires_grad)),
-                 "time/total_s": time.perf_counter() - start}
+                 "time/total_s": time.perf_counter() - self._start}
         log_metrics(final, self.cfg.epochs)
         return final
+
+    def _save(self) -> None:
+        if self.checkpoint_to is not None:
+            checkpoint.save({**self.checkpoint_meta, **self.state_dict()}, self.checkpoint_to)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything that carries over to the next step, as tensors and plain values (``weights_only`` safe)."""
+        return {"model": self.bare.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scaler": self.precision.scaler.state_dict(),
+                "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+                "rng": checkpoint.rng_state(), "epoch": self.epoch, "step": self.step, "running": self.running,
+                "best_auc": self.best_auc, "best_state": self.best_state, "last_metrics": self.last_metrics,
+                "elapsed_s": time.perf_counter() - self._start}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict` (every rank loads the main rank's checkpoint)."""
+        self.bare.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.precision.scaler.load_state_dict(state["scaler"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        checkpoint.set_rng_state(state["rng"])
+        self.epoch, self.step, self.running = state["epoch"], state["step"], state["running"]
+        self.best_auc, self.best_state = state["best_auc"], state["best_state"]
+        self.last_metrics = state["last_metrics"]
+        self.elapsed_s = state["elapsed_s"]

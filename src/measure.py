@@ -1,6 +1,9 @@
 """Peak memory and throughput, measured the same way in every run."""
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import gc
 import json
 import platform
 import re
@@ -17,12 +20,21 @@ def _status_kb(field: str) -> int:
     return int(re.search(rf"^{field}:\s+(\d+) kB", _STATUS.read_text(), re.M).group(1))
 
 
+def release_free_heap() -> None:
+    """Collect garbage and hand freed heap pages back to the OS (glibc's ``malloc_trim``), so the resident set
+    holds live memory only: else a job would reuse pages an earlier job of the same process freed, unseen."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 class MemoryMonitor:
     """Training peak memory in MiB.
 
     CUDA: ``torch.cuda.max_memory_allocated`` (and reserved) since :meth:`start`.
     CPU: growth of the process's peak resident set (``VmHWM``, reset through ``/proc/self/clear_refs``)
-    over its resident size at :meth:`start`, so data loading and imports before training do not count.
+    over its resident size at :meth:`start`, so data loading and imports before training do not count;
+    freed heap is handed back first, so later jobs of one process (a multirun) measure like the first.
     """
 
     def __init__(self, device: torch.device) -> None:
@@ -34,6 +46,7 @@ class MemoryMonitor:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         else:
+            release_free_heap()
             _CLEAR_REFS.write_text("5")  # resets VmHWM to the current RSS
             self._baseline_kb = _status_kb("VmRSS")
 

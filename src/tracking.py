@@ -29,7 +29,9 @@ log = logging.getLogger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TRACKING_URI = f"sqlite:///{PROJECT_ROOT / 'mlflow.db'}"
 PARENT_ID_FILE = "mlflow_parent_run_id"
-NOT_HASHED = ("mlflow.", "data.root", "data.download", "data.url", "log_every")
+NOT_HASHED = ("mlflow.", "data.root", "data.download", "data.url", "log_every",  # where it logs, caches data
+              "skip_finished", "rerun", "resume", "objective")  # how a job is started and what it returns
+SKIPPED_TAG = "skipped."  # on a sweep's parent run: skipped.<job number> = "<overrides> -> <finished run id>"
 BATCH_LIMIT = 100  # MLflow's log_batch cap on params and tags per call
 
 
@@ -78,6 +80,23 @@ def config_hash(params: dict[str, str]) -> str:
     """A short hash of what determines a run's results (not where it logs or caches data)."""
     kept = {k: v for k, v in params.items() if not k.startswith(NOT_HASHED)}
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def finished_run(uri: str, experiment: str, hashed: str) -> mlflow.entities.Run | None:
+    """The latest FINISHED run of ``experiment`` tagged ``config_hash=hashed``; a store not created yet has none."""
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        return None
+    client = ensure_store(uri)
+    found = client.get_experiment_by_name(experiment)
+    done = client.search_runs([found.experiment_id], max_results=1, order_by=["attributes.end_time DESC"],
+                              filter_string=f"tags.config_hash = '{hashed}' and attributes.status = 'FINISHED'"
+                              ) if found else []
+    return done[0] if done else None
+
+
+def best_metric(client: mlflow.MlflowClient, run_id: str, key: str) -> float:
+    """The highest value ``key`` reached in the run (the value itself for a metric logged once)."""
+    return max(metric.value for metric in client.get_metric_history(run_id, key))
 
 
 def environment_tags() -> dict[str, str]:

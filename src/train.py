@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -15,7 +16,7 @@ import random
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NoReturn
 
 import hydra
 import mlflow
@@ -26,9 +27,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from src import checkpoint, dist
 from src import config as schema
-from src import dist
-from src.autobatch import fit_batch
+from src import resume as resumption
+from src.autobatch import derived_batch, fit_batch
 from src.config import ParallelMode
 from src.data import ensure_file, load_splits, make_loader
 from src.engine import Trainer, resolve_amp_dtype, resolve_device
@@ -36,7 +38,10 @@ from src.errors import UsageError
 from src.memory import predict
 from src.models import MODELS, build_model
 from src.models.profile import train_flops
-from src.tracking import RunLogger, config_hash, ensure_store, environment_tags, flatten, read_parent_id, tracking_uri
+from src.preemption import EXIT_PREEMPTED, Preempted, PreemptedExit, Preemption
+from src.rerun import rerun_config
+from src.tracking import (SKIPPED_TAG, RunLogger, best_metric, config_hash, ensure_store, environment_tags,
+                          finished_run, flatten, read_parent_id, tracking_uri)
 
 log = logging.getLogger(__name__)
 schema.register()
@@ -53,6 +58,8 @@ class Job:
     output_dir: Path
     log_file: Path
     gpus: tuple[int, ...] = ()  # devices of an in-process rank; spawned ranks use cuda:<local rank>
+    resume_from: Path | None = None  # the checkpoint every rank loads before training
+    checkpoint_meta: dict = dataclasses.field(default_factory=dict)  # saved with each checkpoint (run id, config)
 
 
 def seed_everything(cfg: schema.Config, ranks_on_node: int = 1) -> int:
@@ -118,16 +125,21 @@ def flops_per_sample(cfg: schema.Config) -> float:
         return train_flops(model, torch.empty(shape)) / shape[0]
 
 
-def run_rank(job: Job, rank: dist.Rank, init_method: str = "env://") -> dict[str, float]:
-    """One rank's whole training: process group, seeding, model, loaders, fit; rank 0 logs to the run."""
-    cfg = job.cfg
+def run_rank(job: Job, rank: dist.Rank, init_method: str = "env://",
+             preemption: Preemption | None = None) -> dict[str, float]:
+    """One rank's whole training: process group, seeding, model, loaders, resumed state, fit; rank 0 logs to
+    the run and checkpoints. Raises :class:`Preempted` on every rank when ``preemption`` stopped it."""
+    index = job.gpus[0] if job.gpus else rank.local_rank
+    device = torch.device("cuda", index) if job.device_type == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     if rank.world > 1:
-        dist.init_process_group(cfg, torch.device(job.device_type), rank, init_method)
+        dist.init_process_group(job.cfg, device, rank, init_method)
+        shared = [(job.cfg, job.resume_from)]  # rank 0's: it resolved the config and the checkpoint to resume
+        torch.distributed.broadcast_object_list(shared, src=0)
+        job = dataclasses.replace(job, cfg=shared[0][0], resume_from=shared[0][1])
+    cfg = job.cfg
     try:
-        index = job.gpus[0] if job.gpus else rank.local_rank
-        device = torch.device("cuda", index) if job.device_type == "cuda" else torch.device("cpu")
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
         threads = seed_everything(cfg, ranks_on_node=int(os.environ.get("LOCAL_WORLD_SIZE", rank.world)))
         log.info("rank %d/%d on %s with %d threads", rank.rank, rank.world, device, threads)
         splits = load_splits(cfg.data)
@@ -139,14 +151,24 @@ def run_rank(job: Job, rank: dist.Rank, init_method: str = "env://") -> dict[str
         loaders = {split: make_loader(cfg.data, tensors, cfg.batch_size * width, cfg.seed, split == "train", device,
                                       rank.rank, rank.world) for split, tensors in splits.items()}
         trainer = Trainer(cfg, model, loaders, device, rank, flops_per_sample(cfg), devices=rank.world * width,
-                          predicted_mb=predict(cfg, device).total_mb if rank.is_main else None)
+                          predicted_mb=predict(cfg, device).total_mb if rank.is_main else None,
+                          checkpoint_to=job.output_dir / checkpoint.FILE if rank.is_main else None,
+                          checkpoint_meta=job.checkpoint_meta, preemption=preemption)
         run = RunLogger(mlflow.MlflowClient(job.tracking_uri), job.run_id) if rank.is_main else None
         if run:
             run.set_tags({"mem.source": trainer.memory.source, "device": str(device), "num_threads": str(threads),
                           "perf.peak_source": trainer.peak_source,
                           "perf.peak_tflops_per_device": f"{trainer.peak_total / rank.world / width / 1e12:.6g}"})
+        log_metrics = run.log_metrics if run else lambda metrics, step: None
+        if job.resume_from:
+            trainer.load_state_dict(checkpoint.load(job.resume_from))
+            log.info("resumed from %s at epoch %d step %d", job.resume_from, trainer.epoch + 1, trainer.step)
+            if run and trainer.last_metrics:  # the checkpoint is written first: its epoch may not be logged yet
+                resumption.log_missing(run, trainer.last_metrics, trainer.epoch - 1)
+            if run and trainer.epoch == cfg.epochs:  # trained to the end before it stopped: the test may be logged
+                log_metrics = functools.partial(resumption.log_missing, run)
         try:
-            final = trainer.fit(run.log_metrics if run else lambda metrics, step: None)
+            final = trainer.fit(log_metrics)
         except torch.OutOfMemoryError:
             (job.output_dir / f"oom_rank{rank.rank}.json").write_text(json.dumps(trainer.memory.peak()))
             raise
@@ -163,7 +185,9 @@ def spawned_rank(index: int, job: Job, world: int, init_method: str) -> None:
     handlers = [logging.StreamHandler(), logging.FileHandler(job.log_file)] if index == 0 else [logging.StreamHandler()]
     logging.basicConfig(level=logging.INFO if index == 0 else logging.WARNING, handlers=handlers,
                         format=f"[%(asctime)s][rank{index}][%(name)s][%(levelname)s] - %(message)s")
-    run_rank(job, dist.Rank(index, world, index), init_method)
+    preemption = Preemption()
+    with preemption.installed(), contextlib.suppress(Preempted):  # rank 0 checkpointed: exit 0, the job sees it
+        run_rank(job, dist.Rank(index, world, index), init_method, preemption)
 
 
 @contextlib.contextmanager
@@ -184,19 +208,27 @@ def visible_gpus(gpus: tuple[int, ...]) -> Iterator[None]:
             os.environ["CUDA_VISIBLE_DEVICES"] = before
 
 
-def spawn_ranks(job: Job, world: int) -> dict[str, float]:
-    """Start ``world`` ranks with the ``spawn`` method on a free port.
+def spawn_ranks(job: Job, world: int, preemption: Preemption) -> dict[str, float]:
+    """Start ``world`` ranks with the ``spawn`` method on a free port; stop signals are passed on to them.
 
     torch.multiprocessing watches them: when one dies the others are terminated and this raises. The
     process-wide start method is set too: a spawned child restores its parent's, and a joblib (loky)
-    worker's own, ``loky``, does not exist in a fresh interpreter.
+    worker's own, ``loky``, does not exist in a fresh interpreter. Ranks that stopped on a signal exit 0
+    without ``metrics.json``: this raises :class:`Preempted` then.
     """
     init_method = f"tcp://127.0.0.1:{dist.free_port()}"
     mp.set_start_method("spawn", force=True)
+    metrics = job.output_dir / "metrics.json"
+    metrics.unlink(missing_ok=True)
     with visible_gpus(job.gpus):
-        mp.start_processes(spawned_rank, args=(dataclasses.replace(job, gpus=()), world, init_method),
-                           nprocs=world, start_method="spawn")
-    return json.loads((job.output_dir / "metrics.json").read_text())
+        ranks = mp.start_processes(spawned_rank, args=(dataclasses.replace(job, gpus=()), world, init_method),
+                                   nprocs=world, start_method="spawn", join=False)
+        preemption.forward_to(ranks.processes)
+        while not ranks.join():
+            pass
+    if not metrics.exists():
+        raise Preempted(f"the ranks stopped, checkpoint {job.output_dir / checkpoint.FILE}")
+    return json.loads(metrics.read_text())
 
 
 @contextlib.contextmanager
@@ -234,21 +266,92 @@ def halved(cfg: schema.Config) -> schema.Config:
     return dataclasses.replace(cfg, batch_size=cfg.batch_size // 2, accumulate=cfg.accumulate * 2)
 
 
-def train(cfg: DictConfig) -> float:
-    """Validate, then train and evaluate one job into its own MLflow run; returns the test AUC.
+def skip(done: mlflow.entities.Run, cfg: schema.Config, hydra_cfg: DictConfig) -> float:
+    """Train nothing: log why, list the job on the sweep's parent run, return the finished run's objective."""
+    overrides = list(hydra_cfg.overrides.task)
+    log.info("skipping %s: run %s FINISHED with the same config", run_name(overrides), done.info.run_id)
+    client = mlflow.MlflowClient(tracking_uri(cfg))
+    parent_id = read_parent_id(Path(hydra_cfg.sweep.dir)) if hydra_cfg.mode is RunMode.MULTIRUN else None
+    if parent_id:
+        RunLogger(client, parent_id).set_tags(
+            {f"{SKIPPED_TAG}{hydra_cfg.job.num}": f"{' '.join(overrides)} -> {done.info.run_id}"})
+    return best_metric(client, done.info.run_id, cfg.objective)
 
-    Out of memory: the run ends FAILED with tag ``status=oom``; with ``oom_retry`` a new run follows at half
-    the micro-batch and twice the accumulation; otherwise a sweep goes on to its next job.
+
+def resume_point(cfg: DictConfig, hydra_cfg: DictConfig) -> tuple[DictConfig, resumption.Resume | None]:
+    """The run to go on with, and its config: ``resume=<folder | run id>``, or the unfinished run whose checkpoint
+    this job's own folder holds (a job requeued by SLURM / submitit)."""
+    job_dir = Path(hydra_cfg.runtime.output_dir)
+    if not cfg.resume and not (job_dir / checkpoint.FILE).is_file():
+        return cfg, None
+    client = ensure_store(tracking_uri(cfg))
+    if not cfg.resume:
+        return cfg, resumption.requeued(cfg, job_dir, client)
+    cfg, resume = resumption.explicit(cfg, list(hydra_cfg.overrides.task), client)
+    if (hydra_dir := job_dir / ".hydra").is_dir():
+        OmegaConf.save(cfg, hydra_dir / "config.yaml")  # the artifact says what this run trains
+    return cfg, resume
+
+
+def stop_preempted(run: RunLogger, stop: Preempted, preemption: Preemption) -> NoReturn:
+    """A stop signal was honoured and the checkpoint written: the run ends KILLED, tagged resumable; a signal
+    submitit sent goes back to submitit (it requeues the job, which resumes by itself); else exit 143."""
+    run.set_tags({"preempted": "true", "resume_with": f"resume={run.run_id}"})
+    run.finish("KILLED")
+    log.warning("preempted (%s): run %s is KILLED and resumable: python -m src.train resume=%s",
+                stop, run.run_id, run.run_id)
+    try:
+        preemption.hand_over()
+    except SystemExit as handed:  # submitit requeued the job; its exit code tells its controller so
+        raise PreemptedExit(handed.code) from None
+    raise PreemptedExit(EXIT_PREEMPTED)
+
+
+def log_outputs(run: RunLogger, output_dir: Path, job_dir: Path) -> None:
+    """The run's folder as artifacts (``.hydra/``, ``metrics.json``, the log) but not its checkpoint; a
+    resuming job's own folder (its config and log) under ``resumes/<folder name>``."""
+    for path in sorted(output_dir.iterdir()):
+        if path.is_dir():
+            run.log_artifacts(path, path.name)
+        elif path.name != checkpoint.FILE:
+            run.client.log_artifact(run.run_id, str(path))
+    if job_dir.resolve() != output_dir.resolve():
+        run.log_artifacts(job_dir, f"resumes/{job_dir.name}")
+
+
+def train(cfg: DictConfig) -> float:
+    """Validate, then train and evaluate one job into its own MLflow run; returns its ``objective``.
+
+    ``rerun=<id>`` trains that run's logged config again. With ``skip_finished`` a config that already has a
+    FINISHED run (same ``config_hash`` tag) is skipped. Out of memory: the run ends FAILED with tag
+    ``status=oom``; with ``oom_retry`` a new run follows at half the micro-batch and twice the accumulation;
+    otherwise a sweep goes on to its next job.
     """
-    typed, device = validate(cfg)
     hydra_cfg = HydraConfig.get()
+    cfg, resume = resume_point(cfg, hydra_cfg)
+    rerun_of = cfg.rerun
+    if rerun_of:
+        cfg = rerun_config(cfg, list(hydra_cfg.overrides.task), ensure_store(tracking_uri(cfg)))
+        if (hydra_dir := Path(hydra_cfg.runtime.output_dir) / ".hydra").is_dir():
+            OmegaConf.save(cfg, hydra_dir / "config.yaml")  # the artifact says what this run trained
+    typed, device = validate(cfg)
+    hashed = config_hash(flatten(cfg))
+    done = finished_run(tracking_uri(typed), typed.mlflow.experiment, hashed) if typed.skip_finished and not rerun_of \
+        and not resume else None
+    if done:
+        return skip(done, typed, hydra_cfg)
     ddp = typed.parallel.mode is ParallelMode.ddp
     external = dist.external_rank() if ddp else None
-    output_dir = Path(hydra_cfg.runtime.output_dir)
-    job = Job(typed, device.type, None, tracking_uri(typed), output_dir,
-              output_dir / f"{hydra_cfg.job.name}.log")
+    job_dir = Path(hydra_cfg.runtime.output_dir)
+    output_dir = resume.folder if resume else job_dir
+    job = Job(typed, device.type, None, tracking_uri(typed), output_dir, job_dir / f"{hydra_cfg.job.name}.log")
+    preemption = Preemption()
     if external is not None and not external.is_main:  # torchrun / SLURM rank > 0: train, log nothing
-        run_rank(job, external)
+        with preemption.installed():
+            try:
+                run_rank(job, external, preemption=preemption)
+            except Preempted:
+                raise PreemptedExit(EXIT_PREEMPTED) from None
         return float("nan")
 
     client = ensure_store(job.tracking_uri)
@@ -258,27 +361,41 @@ def train(cfg: DictConfig) -> float:
     with job_gpus(hydra_cfg) if device.type == "cuda" else contextlib.nullcontext(()) as gpus:
         world = external.world if external else dist.world_size(typed, gpus) if ddp else data_parallel_width(typed, gpus)
         auto_tags = {}
-        if typed.batch_size == "auto":
+        if resume:  # the micro-batch and accumulation it trained with, whatever chose them
+            typed = dataclasses.replace(typed, batch_size=resume.batch_size, accumulate=resume.accumulate)
+            if resume.world != world:
+                raise UsageError(f"resume: run {resume.run_id} trained on {resume.world} ranks, this job has {world}: "
+                                 f"resume it with {resume.world} (parallel.nproc, or the launcher's tasks/GPUs)")
+        elif typed.batch_size == "auto":
             typed, auto_tags = fit_batch(typed, device, world)
-            job = dataclasses.replace(job, cfg=typed)
+        elif typed.batch_size == "derived":
+            typed = derived_batch(typed, world)
+        job = dataclasses.replace(job, cfg=typed)
         check_split_sizes(typed, world)
         retry_of = None
         while True:
             params = {**flatten(cfg), "batch_size": str(job.cfg.batch_size), "accumulate": str(job.cfg.accumulate),
                       "effective_batch_size": str(job.cfg.batch_size * job.cfg.accumulate * world),
                       "world_size": str(world)}
-            run = RunLogger.start(
+            run = resumption.reopen(client, resume) if resume else RunLogger.start(
                 client, typed.mlflow.experiment, run_name(overrides), params,
-                tags={"config_hash": config_hash(params), "overrides": " ".join(overrides),
+                tags={"config_hash": hashed, "overrides": " ".join(overrides),
                       "output_dir": str(output_dir.resolve()), **({"retry_of": retry_of} if retry_of else {}),
+                      **({"rerun_of": rerun_of} if rerun_of else {}),
                       **auto_tags, **environment_tags()},
                 parent_id=read_parent_id(Path(hydra_cfg.sweep.dir)) if multirun else None)
-            job = dataclasses.replace(job, run_id=run.run_id, gpus=gpus)
+            meta = {"run_id": run.run_id, "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+                    "batch_size": job.cfg.batch_size, "accumulate": job.cfg.accumulate, "world": world}
+            job = dataclasses.replace(job, run_id=run.run_id, gpus=gpus, resume_from=resume.path if resume else None,
+                                      checkpoint_meta=meta)
             log.info("MLflow run %s in %s; output %s", run.run_id, job.tracking_uri, output_dir)
             try:
-                final = spawn_ranks(job, world) if ddp and external is None else run_rank(job, external or dist.Rank())
-                run.log_artifacts(output_dir / ".hydra", ".hydra")
-                run.log_artifacts(output_dir)  # metrics.json and the job log
+                with preemption.installed():
+                    final = spawn_ranks(job, world, preemption) if ddp and external is None else \
+                        run_rank(job, external or dist.Rank(), preemption=preemption)
+                log_outputs(run, output_dir, job_dir)
+            except Preempted as stop:
+                stop_preempted(run, stop, preemption)
             except BaseException:
                 oom = read_oom(output_dir)
                 if oom is None:
@@ -292,7 +409,7 @@ def train(cfg: DictConfig) -> float:
                 if retry:
                     log.warning("%s: retrying with batch_size=%d accumulate=%d", message, job.cfg.batch_size // 2,
                                 job.cfg.accumulate * 2)
-                    job, retry_of = dataclasses.replace(job, cfg=halved(job.cfg)), run.run_id
+                    job, retry_of, resume = dataclasses.replace(job, cfg=halved(job.cfg)), run.run_id, None
                     continue
                 if multirun:
                     log.error("%s: run %s FAILED (status=oom); the sweep goes on", message, run.run_id)
@@ -301,7 +418,7 @@ def train(cfg: DictConfig) -> float:
             break
     run.finish("FINISHED")
     log.info("test/acc=%.4f test/auc=%.4f in %.1f s", final["test/acc"], final["test/auc"], final["time/total_s"])
-    return final["test/auc"]
+    return best_metric(client, run.run_id, typed.objective)
 
 
 def fail_parent_run(cfg: DictConfig) -> None:
@@ -320,6 +437,8 @@ def main(cfg: DictConfig) -> float:
         print(f"error: {err}", file=sys.stderr)
         fail_parent_run(cfg)
         sys.exit(2)
+    except PreemptedExit:  # checkpointed and resumable: the sweep has not failed
+        raise
     except BaseException:
         fail_parent_run(cfg)
         raise

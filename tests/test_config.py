@@ -81,7 +81,7 @@ def test_bad_keys_types_and_choices_fail_at_composition(override, message):
 
 @pytest.mark.parametrize("override,message", [
     ("batch_size=0", "batch_size=0 must be >= 1"),
-    ("batch_size=four", "batch_size=four must be an integer >= 1 or auto"),
+    ("batch_size=four", "batch_size=four must be an integer >= 1, auto or derived"),
     ("effective_batch_size=0", "effective_batch_size=0 must be >= 1"),
     ("accumulate=0", "accumulate=0 must be >= 1"),
     ("data.size=32", "data.size=32 is not a MedMNIST 3D size"),

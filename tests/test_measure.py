@@ -106,7 +106,7 @@ def test_auto_batch_fits_the_budget_and_keeps_the_effective_batch(tmp_path, stor
     batch, accumulate = int(run.data.params["batch_size"]), int(run.data.params["accumulate"])
     assert batch in (2, 4) and batch * accumulate == 8 and run.data.params["effective_batch_size"] == "8"
     assert run.data.tags["batch.auto"] == "true" and float(run.data.tags["batch.auto_predicted_mb"]) <= budget
-    assert run.data.metrics["mem/peak_mb"] <= budget
+    assert run.data.metrics["mem/peak_mb"] <= budget, (run.data.tags, run.data.params["batch_size"], budget)
 
 
 def test_every_run_logs_its_predicted_memory(tmp_path, store, shared_data):

@@ -16,7 +16,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from src.config import Activation, Init, InitMode, ModelConfig, Norm, Shortcut, Stem
 from src.models import MODELS, build_model
 from src.models import densenet3d
-from src.models.densenet3d import DenseLayer
+from src.models.densenet3d import DenseLayer, Transition
 from src.models.layers import (NORMS, DepthwiseSeparableConv3d, activation_gain, group_count, init_weights,
                                resolve_stem)
 from src.models.profile import count_params, forward_flops, profile_stages
@@ -354,8 +354,9 @@ def test_checkpointing_gives_the_same_outputs_gradients_and_running_stats():
     plain, efficient = models
     bottleneck_calls = Counter()
     for name, module in efficient.named_modules():
-        if isinstance(module, DenseLayer):
-            module.norm1.register_forward_hook(lambda m, args, out, name=name: bottleneck_calls.update([name]))
+        if isinstance(module, (DenseLayer, Transition)):
+            norm = module.norm1 if isinstance(module, DenseLayer) else module.norm
+            norm.register_forward_hook(lambda m, args, out, name=name: bottleneck_calls.update([name]))
     x = torch.randn(2, 1, 28, 28, 28)
     outputs = []
     for model in models:
@@ -363,7 +364,7 @@ def test_checkpointing_gives_the_same_outputs_gradients_and_running_stats():
         out.square().sum().backward()
         outputs.append(out)
     torch.testing.assert_close(outputs[1], outputs[0])
-    assert set(bottleneck_calls.values()) == {2}  # forward, then recomputed in backward
+    assert len(bottleneck_calls) == 58 + 3 and set(bottleneck_calls.values()) == {2}  # forward, then recomputed
     for (name, a), b in zip(plain.named_parameters(), efficient.parameters()):
         torch.testing.assert_close(b.grad, a.grad, msg=name)
     for (name, a), b in zip(plain.named_buffers(), efficient.buffers()):
@@ -380,4 +381,4 @@ def test_checkpointing_only_in_training_with_grad(monkeypatch):
     model.eval()(x).sum().backward()
     assert not used
     model.train()(x).sum().backward()
-    assert len(used) == 58
+    assert len(used) == 58 + 3  # every dense layer and transition

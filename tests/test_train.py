@@ -59,7 +59,8 @@ def test_the_readme_sweep_logs_a_parent_and_two_finished_children(tmp_path, stor
 
 def test_same_seed_reruns_are_bitwise_identical(tmp_path, store, shared_data):
     for name in ("a", "b"):
-        result = run_cli(*small_run(tmp_path / name, store, shared_data, "seed=3", "deterministic=true"))
+        result = run_cli(*small_run(tmp_path / name, store, shared_data, "seed=3", "deterministic=true",
+                                   "skip_finished=false"))
         assert result.returncode == 0, result.stderr[-3000:]
     first, second = (history(store, r.info.run_id) for r in runs(store))
     for key in RESULTS:

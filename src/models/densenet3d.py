@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -27,12 +27,21 @@ def kept_buffers(module: nn.Module) -> Iterator[None]:
                 buffer.copy_(value)
 
 
+def recomputed(module: nn.Module, function: Callable[..., torch.Tensor], norm: nn.Module,
+               *inputs: torch.Tensor) -> torch.Tensor:
+    """``function(*inputs)``; when ``module.checkpointing`` applies (training, grad enabled), its activations
+    are not stored but recomputed in backward (``use_reentrant=False``), leaving ``norm``'s running stats alone."""
+    if not (module.checkpointing and module.training and torch.is_grad_enabled()):
+        return function(*inputs)
+    return checkpoint(function, *inputs, use_reentrant=False,
+                      context_fn=lambda: (contextlib.nullcontext(), kept_buffers(norm)))
+
+
 class DenseLayer(nn.Module):
     """norm, act, 1^3 conv to ``bn_size * growth_rate``, norm, act, 3^3 conv to ``growth_rate`` new maps.
 
-    With ``checkpointing`` (in training, with grad enabled) the concat-norm-act-1^3 conv bottleneck is not
-    stored but recomputed in backward (``torch.utils.checkpoint``, ``use_reentrant=False``), which is
-    Pleiss et al.'s memory-efficient DenseNet; the recomputation leaves BatchNorm's running stats alone.
+    With ``checkpointing`` the concat-norm-act-1^3 conv bottleneck is recomputed in backward
+    (:func:`recomputed`), which is Pleiss et al.'s memory-efficient DenseNet.
     """
 
     def __init__(self, in_channels: int, growth_rate: int, bn_size: int, layers: Layers, checkpointing: bool) -> None:
@@ -50,12 +59,24 @@ class DenseLayer(nn.Module):
         return self.conv1(self.act1(self.norm1(torch.cat(features, 1))))
 
     def forward(self, features: list[torch.Tensor]) -> torch.Tensor:
-        if self.checkpointing and self.training and torch.is_grad_enabled():
-            out = checkpoint(self.bottleneck, *features, use_reentrant=False,
-                             context_fn=lambda: (contextlib.nullcontext(), kept_buffers(self.norm1)))
-        else:
-            out = self.bottleneck(*features)
+        out = recomputed(self, self.bottleneck, self.norm1, *features)
         return self.conv2(self.act2(self.norm2(out)))
+
+
+class Transition(nn.Sequential):
+    """norm, act, 1^3 conv, 2^3 average pool; with ``checkpointing`` the norm-act-conv is recomputed in
+    backward like a dense layer's bottleneck (it is the same concat-norm-act-1^3 conv pattern)."""
+
+    def __init__(self, in_channels: int, out_channels: int, layers: Layers, checkpointing: bool) -> None:
+        super().__init__(OrderedDict(norm=layers.norm(in_channels), act=layers.act(in_channels),
+                                     conv=layers.conv(in_channels, out_channels), pool=HalvingAvgPool3d()))
+        self.checkpointing = checkpointing
+
+    def squeeze(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(self.act(self.norm(x)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pool(recomputed(self, self.squeeze, self.norm, x))
 
 
 class DenseBlock(nn.ModuleList):
@@ -72,7 +93,9 @@ class DenseNet3D(nn.Sequential):
     """Stages ``stem, block1, transition1, ..., block4, head`` (head: norm, act, global pool, linear).
 
     A transition is norm, act, 1^3 conv to ``compression`` of the channels, 2^3 average pool that keeps
-    maps already below 2 voxels (:class:`HalvingAvgPool3d`), so every stem runs at 28^3.
+    maps already below 2 voxels (:class:`HalvingAvgPool3d`), so every stem runs at 28^3. With
+    ``cfg.checkpointing``, every dense layer's bottleneck and every transition's norm-act-conv are recomputed in
+    backward instead of stored.
     ``cfg.zero_init_residual`` is ignored: a DenseNet has no residual branch to zero, so the switch stays
     valid across a zoo-wide sweep. ``cfg.shortcut`` does not apply either.
 
@@ -100,9 +123,7 @@ class DenseNet3D(nn.Sequential):
             channels += num_layers * growth_rate
             if index < len(block_config):
                 out_channels = int(channels * compression)
-                stages[f"transition{index}"] = nn.Sequential(OrderedDict(
-                    norm=layers.norm(channels), act=layers.act(channels), conv=layers.conv(channels, out_channels),
-                    pool=HalvingAvgPool3d()))
+                stages[f"transition{index}"] = Transition(channels, out_channels, layers, cfg.checkpointing)
                 channels = out_channels
         stages["head"] = layers.head(channels, num_classes, preact=True)
         super().__init__(stages)

@@ -1,0 +1,310 @@
+"""Report a sweep's runs: tables (Markdown, HTML, CSV) and figures, logged to the sweep's parent run.
+
+    python -m src.report sweep=sweeps/2026-11-22/15-00-00      # a sweep folder
+    python -m src.report parent=<parent run id>                  # a sweep's parent run
+    python -m src.report mlflow.experiment=medsweep out=reports/all
+
+Exactly one selector. Writes ``report.md``, ``report.html`` (figures embedded), ``runs.csv``,
+``throughput_memory.png`` and ``paired_effects.png`` to ``out`` (default: ``<sweep folder>/report``, else
+``reports/<parent run id or experiment>``) and logs them to the parent run under ``report/``.
+
+Per run: ``test/*``, ``mem/peak_mb`` (the run's peak) and ``mem/predicted_mb`` as logged; ``val/acc`` and
+``val/auc`` at the epoch with the best ``val/auc`` (the weights that were tested); ``perf/samples_per_s``
+the mean over epochs. Configurations are the swept params but ``seed``: mean +- std over their seeds.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import logging
+import sys
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import hydra
+import mlflow
+import numpy as np
+import pandas as pd
+from mlflow.entities import Run
+from mlflow.exceptions import MlflowException
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+from omegaconf import DictConfig, OmegaConf
+
+from src import report_plots
+from src.config import ReportConfig, register
+from src.errors import UsageError
+from src.sweep_analysis import (AUC, MEMORY, SEED, THROUGHPUT, aggregate, comparison, paired_effects, pareto_front,
+                                shown, summarize_effects, swept_columns)
+from src.tracking import PARENT_ID_FILE, ensure_store, read_parent_id, tracking_uri
+
+log = logging.getLogger(__name__)
+register()
+
+METRICS = ["test/acc", AUC, "val/acc", "val/auc", THROUGHPUT, MEMORY, "mem/predicted_mb"]
+BEST_EPOCH = ("val/auc", "val/acc")  # read at the epoch with the best val/auc
+MEAN_OVER_EPOCHS = (THROUGHPUT,)
+FILES = ("report.md", "report.html", "runs.csv", "throughput_memory.png", "paired_effects.png")
+DEFINITIONS = ("`val/acc`, `val/auc`: at the epoch with the best `val/auc` (the weights tested); "
+               "`perf/samples_per_s`: mean over epochs; `mem/peak_mb`: the run's peak; "
+               "`test/*`, `mem/predicted_mb`: as logged.")
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The runs to report, what they are called, the parent run to log to (if any) and the default folder."""
+
+    label: str
+    runs: list[Run]
+    parent_id: str | None
+    out: Path
+
+
+@dataclass(frozen=True)
+class Section:
+    title: str
+    text: str
+    table: pd.DataFrame | None = None
+    image: str | None = None
+
+
+def search_all(client: mlflow.MlflowClient, experiment_id: str, filter_string: str = "") -> list[Run]:
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], filter_string, max_results=1000, page_token=token)
+        runs += page
+        token = page.token
+        if not token:
+            return runs
+
+
+def parent_run(client: mlflow.MlflowClient, run_id: str, selector: str, uri: str) -> Run:
+    try:
+        return client.get_run(run_id)
+    except MlflowException:
+        raise UsageError(f"{selector}: run {run_id} is not in {uri}: set mlflow.tracking_uri to the store "
+                         f"the sweep logged to") from None
+
+
+def select(cfg: ReportConfig, client: mlflow.MlflowClient, uri: str) -> Selection:
+    """The runs of ``sweep``, ``parent`` or ``mlflow.experiment``; ``UsageError`` naming a bad one."""
+    if cfg.mlflow.experiment is not None:
+        experiment = client.get_experiment_by_name(cfg.mlflow.experiment)
+        if experiment is None:
+            names = ", ".join(e.name for e in client.search_experiments())
+            raise UsageError(f"mlflow.experiment={cfg.mlflow.experiment} is not in {uri}: use one of {names}")
+        runs = [r for r in search_all(client, experiment.experiment_id) if r.data.tags.get("role") != "sweep"]
+        return Selection(f"experiment {experiment.name}", runs, None, Path("reports") / experiment.name)
+    selector = f"sweep={cfg.sweep}" if cfg.sweep is not None else f"parent={cfg.parent}"
+    if cfg.sweep is not None:
+        folder = Path(cfg.sweep).expanduser()
+        if not folder.is_dir():
+            raise UsageError(f"{selector}: no such folder: give a sweep folder (sweeps/<date>/<time>)")
+        run_id = read_parent_id(folder)
+        if run_id is None:
+            raise UsageError(f"{selector} has no {PARENT_ID_FILE} file: give the folder of a "
+                             f"python -m src.train -m sweep, or parent=<run id>")
+        parent = parent_run(client, run_id, selector, uri)
+        out = folder / "report"
+    else:
+        parent = parent_run(client, cfg.parent, selector, uri)
+        sweep_dir = Path(parent.data.tags.get("sweep_dir", "/nonexistent"))
+        out = sweep_dir / "report" if sweep_dir.is_dir() else Path("reports") / parent.info.run_id
+    children = search_all(client, parent.info.experiment_id,
+                          f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{parent.info.run_id}'")
+    if not children:
+        raise UsageError(f"{selector}: run "
+                         f"{parent.info.run_id} has no child runs: give a sweep's parent run (tag role=sweep)")
+    return Selection(f"sweep {parent.data.tags.get('sweep_dir', parent.info.run_id)}", children,
+                     parent.info.run_id, out)
+
+
+def status(run: Run) -> str:
+    """``FINISHED``, ``FAILED``, ``FAILED (oom, retried)`` ..."""
+    tags = run.data.tags
+    notes = [tags["status"]] if "status" in tags else []
+    notes += ["retried"] if tags.get("retried") == "true" else []
+    return f"{run.info.status} ({', '.join(notes)})" if notes else run.info.status
+
+
+def run_metrics(client: mlflow.MlflowClient, run: Run) -> dict[str, float]:
+    """:data:`METRICS` of one run as defined in the module docstring (histories only for finished runs)."""
+    metrics = {key: run.data.metrics.get(key, float("nan")) for key in METRICS}
+    if run.info.status != "FINISHED":
+        return metrics
+    history = {key: {m.step: m.value for m in client.get_metric_history(run.info.run_id, key)}
+               for key in (*BEST_EPOCH, *MEAN_OVER_EPOCHS)}
+    auc = history[BEST_EPOCH[0]]
+    if auc:
+        best = min(auc, key=lambda step: (-auc[step], step))  # the first best epoch, as fit keeps it
+        metrics.update({key: history[key].get(best, float("nan")) for key in BEST_EPOCH})
+    for key in MEAN_OVER_EPOCHS:
+        if history[key]:
+            metrics[key] = sum(history[key].values()) / len(history[key])
+    return metrics
+
+
+def run_frame(client: mlflow.MlflowClient, runs: list[Run]) -> pd.DataFrame:
+    """One row per run: ``run_id``, ``status``, every param (string, ``""`` when a run lacks it), :data:`METRICS`."""
+    rows = [{"run_id": r.info.run_id, "status": status(r), **r.data.params, **run_metrics(client, r)} for r in runs]
+    frame = pd.DataFrame(rows)
+    params = [c for c in frame.columns if c not in ("run_id", "status", *METRICS)]
+    frame[params] = frame[params].fillna("").astype(str)
+    return frame
+
+
+def number(metric: str, value: float, like: float | None = None) -> str:
+    """``value`` with the decimals ``metric`` takes (for ``like``'s size: a std takes its mean's)."""
+    if pd.isna(value):
+        return "-"
+    size = abs(value if like is None else like)
+    decimals = 3 if metric.endswith(("acc", "auc")) else 0 if metric.endswith("_mb") or size >= 100 else \
+        1 if size >= 10 else 2
+    return f"{value:.{decimals}f}"
+
+
+def shown_params(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    return frame[keys].apply(lambda column: column.map(shown))
+
+
+def configurations_table(table: pd.DataFrame, keys: list[str], front) -> pd.DataFrame:
+    """Swept values, ``n``, each metric as ``mean ± std`` (std when n > 1) and the Pareto mark."""
+    shown_table = shown_params(table, keys)
+    shown_table["n"] = table["n"]
+    for metric in METRICS:
+        shown_table[metric] = [number(metric, mean) + (f" ± {number(metric, std, mean)}" if n > 1 and not pd.isna(std) else "")
+                               for mean, std, n in zip(table[metric], table[f"{metric} std"], table["n"])]
+    shown_table["Pareto"] = ["yes" if on else "" for on in front]
+    return shown_table
+
+
+def effects_table(summary: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({
+        "comparison": [comparison(*row) for row in summary[["param", "value", "baseline"]].itertuples(index=False)],
+        "pairs": summary["pairs"],
+        "samples/s": [f"×{r:.2f}" if np.isfinite(r) else "-" for r in summary["throughput_ratio"]],
+        "peak memory": [f"{(r - 1) * 100:+.0f}%" if np.isfinite(r) else "-" for r in summary["memory_ratio"]],
+        "test AUC": [f"{d:+.3f}" if np.isfinite(d) else "-" for d in summary["auc_diff"]]})
+
+
+def runs_table(frame: pd.DataFrame, keys: list[str], metrics: list[str]) -> pd.DataFrame:
+    table = pd.concat([frame["run_id"].str[:8], frame["status"], shown_params(frame, keys)], axis=1)
+    for metric in metrics:
+        table[metric] = [number(metric, v) for v in frame[metric]]
+    return table
+
+
+def markdown_table(table: pd.DataFrame) -> str:
+    def row(cells) -> str:
+        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+    return "\n".join([row(table.columns), row(["---"] * len(table.columns)), *(row(r) for r in table.itertuples(index=False))])
+
+
+def render_markdown(title: str, sections: list[Section]) -> str:
+    parts = [f"# {title}"]
+    for s in sections:
+        parts += [f"## {s.title}", s.text] if s.title else [s.text]
+        parts += [markdown_table(s.table)] if s.table is not None else []
+        parts += [f"![{s.title}]({s.image})"] if s.image else []
+    return "\n\n".join(parts) + "\n"
+
+
+def render_html(title: str, sections: list[Section], folder: Path) -> str:
+    """One self-contained page: the figures are embedded, so it reads the same in the MLflow UI."""
+    body = [f"<h1>{html.escape(title)}</h1>"]
+    for s in sections:
+        body += [f"<h2>{html.escape(s.title)}</h2>"] if s.title else []
+        body.append(f"<p>{html.escape(s.text).replace('`', '')}</p>")
+        body += [s.table.to_html(index=False, border=0)] if s.table is not None else []
+        if s.image:
+            data = base64.b64encode((folder / s.image).read_bytes()).decode()
+            body.append(f'<img alt="{html.escape(s.title)}" src="data:image/png;base64,{data}" style="max-width:100%">')
+    style = ("body{font-family:sans-serif;margin:2em;max-width:1400px} table{border-collapse:collapse;margin:1em 0}"
+             "th,td{padding:3px 8px;border-bottom:1px solid #ddd;text-align:right;white-space:nowrap}"
+             "th{background:#f3f3f3}")
+    return (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
+def write_report(frame: pd.DataFrame, selection: Selection, uri: str, out: Path) -> list[Path]:
+    """Tables and figures of ``frame`` into ``out``; returns the files written."""
+    finished = frame[frame["status"] == "FINISHED"].reset_index(drop=True)
+    others = frame[frame["status"] != "FINISHED"].reset_index(drop=True)
+    params = [c for c in frame.columns if c not in ("run_id", "status", *METRICS)]
+    swept = swept_columns(frame[params])
+    keys = [k for k in swept if k != SEED]
+    table = aggregate(finished, keys, METRICS)
+    front = pareto_front(table[THROUGHPUT], table[MEMORY])
+    found = paired_effects(finished, swept)
+    summary = summarize_effects(found)
+    out.mkdir(parents=True, exist_ok=True)
+    title = f"Report: {selection.label}"
+    report_plots.throughput_memory(table, keys, front, f"Throughput vs peak memory: {selection.label}",
+                                   out / "throughput_memory.png")
+    seeds = f"mean ± std over seeds (n runs); {DEFINITIONS}" if SEED in swept else DEFINITIONS
+    sections = [
+        Section("", f"Finished runs: {len(finished)}, not finished: {len(others)}, of {selection.label} in {uri}"
+                    f"{f' (parent run {selection.parent_id})' if selection.parent_id else ''}; swept: "
+                    f"{', '.join(f'`{k}`' for k in swept) or 'nothing'}; written {datetime.now():%Y-%m-%d %H:%M}."),
+        Section("Configurations", f"{seeds} Pareto: no configuration is faster with less peak memory.",
+                configurations_table(table, keys, front), "throughput_memory.png")]
+    if summary.empty:
+        (out / "paired_effects.png").unlink(missing_ok=True)  # an earlier report's
+        sections.append(Section("Paired effects", "No two finished runs differ in only one swept parameter."))
+    else:
+        report_plots.paired_effects(found, summary, f"Paired effects: {selection.label}", out / "paired_effects.png")
+        sections.append(Section(
+            "Paired effects",
+            "Each switch against its baseline value, over the pairs of finished runs equal in every other swept "
+            "parameter (seed included): samples/s and peak memory as geometric-mean ratios, test AUC as the mean "
+            "difference.", effects_table(summary), "paired_effects.png"))
+    sections.append(Section("Finished runs", DEFINITIONS, runs_table(finished, swept, METRICS)))
+    if len(others):
+        sections.append(Section("Not finished", "Failed, killed or still running; memory as far as logged.",
+                                runs_table(others, swept, [MEMORY, "mem/predicted_mb"])))
+    frame.to_csv(out / "runs.csv", index=False)
+    (out / "report.md").write_text(render_markdown(title, sections))
+    (out / "report.html").write_text(render_html(title, sections, out))
+    return [out / name for name in FILES if (out / name).exists()]
+
+
+def report(cfg: ReportConfig) -> Path:
+    """Select, tabulate, plot, write and log; returns the output folder."""
+    chosen = [f"{k}={v}" for k, v in (("sweep", cfg.sweep), ("parent", cfg.parent),
+                                       ("mlflow.experiment", cfg.mlflow.experiment)) if v is not None]
+    if len(chosen) != 1:
+        raise UsageError(f"{' and '.join(chosen) or 'no selector'}: give exactly one of sweep=<folder>, "
+                         f"parent=<run id> or mlflow.experiment=<name>")
+    uri = tracking_uri(cfg)
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        raise UsageError(f"mlflow.tracking_uri={uri}: no such store: set it to the store the runs logged to")
+    client = ensure_store(uri)
+    selection = select(cfg, client, uri)
+    frame = run_frame(client, selection.runs)
+    if not (frame["status"] == "FINISHED").any():
+        raise UsageError(f"{selection.label} has no FINISHED run ({', '.join(sorted(set(frame['status'])))}): "
+                         f"nothing to compare; wait for the sweep or rerun its jobs")
+    out = Path(cfg.out).expanduser() if cfg.out else selection.out
+    files = write_report(frame, selection, uri, out)
+    log.info("report of %d runs (%s): %s", len(frame), selection.label, ", ".join(str(f) for f in files))
+    if selection.parent_id:
+        for path in files:
+            client.log_artifact(selection.parent_id, str(path), "report")
+        log.info("logged to parent run %s under report/ in %s", selection.parent_id, uri)
+    else:
+        log.info("mlflow.experiment=%s selects no parent run: the report is not logged to MLflow", cfg.mlflow.experiment)
+    return out
+
+
+@hydra.main(config_path=str(Path(__file__).resolve().parent.parent / "conf"), config_name="report", version_base="1.3")
+def main(dict_cfg: DictConfig) -> None:
+    try:
+        report(OmegaConf.to_object(dict_cfg))
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""The MLflow UI in a real headless Chromium: a sweep logged to a real ``mlflow server`` shows in compare-runs.
+
+Needs Debian's ``/usr/bin/chromium`` and the ``playwright`` package (``playwright install`` is not used: it
+downloads its own browsers). Without them the test skips locally and fails under ``CI=true``.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+import mlflow
+import pytest
+
+from src.dist import free_port
+from tests.conftest import run_cli
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Locator, Page
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+UI_TIMEOUT_MS = 90_000  # generous: the machine running the tests may be busy
+
+
+@pytest.fixture
+def chromium() -> Path:
+    """Debian's Chromium, with Playwright to drive it: skip when either is missing, but fail under ``CI=true``
+    (CI installs both)."""
+    missing = [name for name, present in ((str(CHROMIUM), CHROMIUM.exists()),
+                                          ("the playwright package", importlib.util.find_spec("playwright")))
+               if not present]
+    if not missing:
+        return CHROMIUM
+    reason = (f"{' and '.join(missing)} not installed: apt-get install chromium; "
+              f"pip install -c constraints.txt playwright")
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true and {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def mlflow_server(tmp_path: Path) -> Iterator[str]:
+    """A real ``mlflow server`` on a free local port over an SQLite store in ``tmp_path``; always stopped."""
+    port = free_port()
+    log = (tmp_path / "server.log").open("w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+         "--artifacts-destination", str(tmp_path / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1"],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"},
+        start_new_session=True)  # own group: its workers stop with it
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(uri, server, tmp_path / "server.log")
+        yield uri
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # whatever of its group is left
+                os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+            log.close()
+
+
+def wait_healthy(uri: str, server: subprocess.Popen, log: Path, attempts: int = 240) -> None:
+    for _ in range(attempts):
+        if server.poll() is not None:
+            pytest.fail(f"mlflow server exited with {server.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=5) as reply:
+                if reply.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"mlflow server at {uri} never answered /health:\n{log.read_text()[-3000:]}")
+
+
+def as_shown(value: float) -> str:
+    """A metric in [0, 10) as MLflow's UI prints it (``Utils.formatMetric``: 3 decimals, JS number text)."""
+    assert 0 <= value < 10, value
+    text = repr(math.floor(value * 1000 + 0.5) / 1000)  # JS Math.round: halves up
+    return text.removesuffix(".0")
+
+
+def row_header(page: Page, header: str) -> Locator:
+    return page.locator("th.head-value", has_text=re.compile(f"^{re.escape(header)}$"))
+
+
+def table_row(page: Page, header: str) -> list[str]:
+    """The per-run cells of the compare view's table row named ``header`` (run details, parameters)."""
+    return [text.strip() for text in
+            page.locator("tr").filter(has=row_header(page, header)).locator(".data-value").all_inner_texts()]
+
+
+# The compare view's metrics are two virtualized grids (names, values per run), aligned by row offset.
+READ_METRIC_GRID = """() => {
+  const grids = [...document.querySelectorAll('[role=grid]')];
+  if (grids.length !== 2) throw new Error(`${grids.length} grids on the compare page, expected 2`);
+  const cells = grid => [...grid.querySelectorAll('[role=rowgroup] > div')];
+  const rows = {};
+  for (const cell of cells(grids[0])) rows[cell.style.top] = {name: cell.innerText.trim(), values: []};
+  for (const cell of cells(grids[1]).sort((a, b) => parseFloat(a.style.left) - parseFloat(b.style.left)))
+    rows[cell.style.top].values.push(cell.innerText.trim());
+  return Object.fromEntries(Object.values(rows).map(row => [row.name, row.values]));
+}"""
+
+
+def scroll_metrics(page: Page, pixels: int) -> None:
+    """Wheel the metrics grid down; MLflow 3.17 moves the names column one scroll event late (it reads the
+    values grid's scroll state before React commits it), so a last 1-pixel event brings the names along."""
+    page.get_by_role("grid").nth(1).hover()
+    for delta, top in ((pixels + 1, pixels + 1), (-1, pixels)):
+        page.mouse.wheel(0, delta)
+        page.wait_for_function("top => document.querySelectorAll('[role=grid]')[1].scrollTop === top", arg=top)
+    page.wait_for_function("() => Math.abs(document.querySelectorAll('[role=grid]')[0].scrollTop - "
+                           "document.querySelectorAll('[role=grid]')[1].scrollTop) <= 1")
+
+
+def check_compare_view(chromium: Path, uri: str, experiment_id: str, runs: list[mlflow.entities.Run],
+                       folder: Path) -> None:
+    """Open ``runs`` in the UI's compare-runs view in headless Chromium, check what it shows, screenshot it."""
+    from playwright.sync_api import expect, sync_playwright
+
+    ids = [run.info.run_id for run in runs]
+    url = f"{uri}/#/compare-runs?runs={json.dumps(ids)}&experiments={json.dumps([experiment_id])}"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch_persistent_context(
+            folder / "chromium-profile", executable_path=chromium, headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 1600, "height": 1800})
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(UI_TIMEOUT_MS)
+            expect.set_options(timeout=UI_TIMEOUT_MS)
+            page.goto(url)
+            expect(page.get_by_text(f"Comparing {len(runs)} Runs from 1 Experiment")).to_be_visible()
+            expect(page.get_by_role("grid").get_by_text("test/auc", exact=True)).to_be_visible()  # not a spinner
+            assert table_row(page, "Run ID:") == ids  # one column per run, in the URL's order
+            assert table_row(page, "Run Name:") == [run.info.run_name for run in runs]
+            assert table_row(page, "amp") == [run.data.params["amp"] for run in runs]
+            metrics = page.evaluate(READ_METRIC_GRID)
+            for key in ("test/auc", "test/acc", "val/auc"):
+                assert metrics[key] == [as_shown(run.data.metrics[key]) for run in runs], (key, metrics)
+
+            page.get_by_role("switch", name="Parameters - Show diff only").click()
+            expect(row_header(page, "model.name")).to_have_count(0)
+            assert table_row(page, "amp") == [run.data.params["amp"] for run in runs]  # the parameter that differs
+            scroll_metrics(page, 360)  # to the test/ rows, for the screenshot
+            expect(page.get_by_role("grid").first.get_by_text("test/auc", exact=True)).to_be_in_viewport()
+            page.screenshot(path=folder / "compare_runs.png")
+        finally:
+            browser.close()
+
+
+@pytest.mark.slow
+def test_compare_runs_view_shows_the_sweeps_runs_params_and_metrics(tmp_path, chromium, mlflow_server):
+    result = run_cli("-m", f"mlflow.tracking_uri={mlflow_server}", "data=synthetic", f"data.root={tmp_path / 'data'}",
+                     "data.synthetic_samples=[32,16,16]", "model=resnet10", "model.stem=small", "batch_size=4",
+                     "amp=true,false", "epochs=1", "limit_batches=2", "num_threads=1",
+                     f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    client = mlflow.MlflowClient(mlflow_server)
+    experiment = client.get_experiment_by_name("medsweep")
+    children = [run for run in client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
+                if run.data.tags.get("mlflow.parentRunId")]
+    assert len(children) == 2 and {run.info.status for run in children} == {"FINISHED"}
+    assert sorted(run.data.params["amp"] for run in children) == ["False", "True"]
+    check_compare_view(chromium, mlflow_server, experiment.experiment_id, children, tmp_path)

@@ -1,0 +1,269 @@
+"""``python -m src.report``: the pure sweep analysis on hand-made frames, the report of hand-logged runs in a
+real MLflow store, bad selectors, and a real sweep reported end to end in real processes."""
+from __future__ import annotations
+
+import csv
+
+import matplotlib.image
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+from mlflow.entities import Metric, Param
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+from omegaconf import OmegaConf
+
+from src.errors import UsageError
+from src.report import report
+from src.sweep_analysis import aggregate, natural_key, paired_effects, pareto_front, summarize_effects, swept_columns
+from src.tracking import PARENT_ID_FILE, ensure_store
+from tests.conftest import ROOT, run_cli, runs
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+REPORT_FILES = {"report.md", "report.html", "runs.csv", "throughput_memory.png", "paired_effects.png"}
+
+
+def report_config(*overrides: str):
+    """The real composition of ``conf/report.yaml``, typed."""
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        return OmegaConf.to_object(compose("report", overrides=list(overrides)))
+
+
+def tables(markdown: str) -> dict[str, list[dict[str, str]]]:
+    """Each ``## section``'s Markdown table as rows of ``{header: cell}``."""
+    found = {}
+    for section in markdown.split("\n## ")[1:]:
+        lines = [line for line in section.splitlines() if line.startswith("| ")]
+        if lines:
+            header, *rows = ([cell.strip() for cell in line[2:-2].split(" | ")] for line in lines)
+            found[section.splitlines()[0]] = [dict(zip(header, row)) for row in rows[1:]]
+    return found
+
+
+# --- pure functions on hand-made frames -------------------------------------------------------------------
+
+def test_swept_columns_are_the_params_that_differ_less_derived_and_bookkeeping_ones():
+    params = pd.DataFrame({
+        "amp": ["True", "False", "True", "False"],
+        "seed": ["0", "0", "1", "1"],
+        "batch_size": ["4", "4", "4", "4"],  # not swept
+        "data.name": ["vesselmnist3d", "vesselmnist3d", "organmnist3d", "organmnist3d"],
+        "data.num_classes": ["2", "2", "11", "11"],  # follows data=...: not a column of its own
+        "model.name": ["resnet10", "resnet10", "resnet18", "resnet18"],
+        "model.stem": ["small", "standard", "small", "standard"],  # swept on its own: kept
+        "mlflow.tracking_uri": ["a", "b", "c", "d"],  # where it logged, not what it ran
+        "effective_batch_size": ["4", "4", "4", "8"],  # batch_size=auto with effective_batch_size=4,8: kept
+    })
+    assert swept_columns(params) == ["amp", "seed", "data.name", "model.name", "model.stem", "effective_batch_size"]
+    params["batch_size"] = params["effective_batch_size"] = ["4", "4", "8", "8"]  # follows batch_size: dropped
+    assert swept_columns(params) == ["amp", "seed", "batch_size", "data.name", "model.name", "model.stem"]
+
+
+def test_natural_order_puts_false_first_and_numbers_by_value():
+    assert sorted(["True", "False"], key=natural_key) == ["False", "True"]
+    assert sorted(["16", "4", "8"], key=natural_key) == ["4", "8", "16"]
+    assert sorted(["resnet18", "resnet101", "resnet10"], key=natural_key) == ["resnet10", "resnet18", "resnet101"]
+
+
+def test_pareto_front_keeps_the_points_nothing_beats_on_both_axes():
+    throughput = np.array([10.0, 20.0, 15.0, 20.0, 5.0, 30.0])
+    memory = np.array([100.0, 100.0, 50.0, 300.0, 40.0, 400.0])
+    # 0 is beaten by 1 (faster, same memory); 3 by 1 (as fast, less memory)
+    assert pareto_front(throughput, memory).tolist() == [False, True, True, False, True, True]
+    assert pareto_front(np.array([1.0, 1.0]), np.array([2.0, 2.0])).tolist() == [True, True]  # ties both stay
+
+
+def runs_frame() -> pd.DataFrame:
+    """amp x batch_size x seed, one run (amp=True batch 8 seed 1) missing; amp doubles throughput,
+    takes 40% less memory and adds 0.01 AUC."""
+    rows = []
+    for amp in ("False", "True"):
+        for batch in ("4", "8"):
+            for seed in ("0", "1"):
+                if (amp, batch, seed) != ("True", "8", "1"):
+                    speed = (2.0 if amp == "True" else 1.0) * int(batch) * (1 + int(seed))
+                    rows.append({"amp": amp, "batch_size": batch, "seed": seed, "perf/samples_per_s": speed,
+                                 "mem/peak_mb": (60.0 if amp == "True" else 100.0) * int(batch),
+                                 "test/auc": 0.8 + (0.01 if amp == "True" else 0.0) + 0.05 * int(seed)})
+    return pd.DataFrame(rows)
+
+
+def test_pairs_join_runs_equal_in_every_other_swept_param():
+    found = paired_effects(runs_frame(), ["amp", "batch_size", "seed"])
+    amp = found[found["param"] == "amp"]
+    assert len(amp) == 3  # (4, 0), (4, 1), (8, 0): amp=True batch 8 seed 1 has no partner
+    assert set(amp["value"]) == {"True"} and set(amp["baseline"]) == {"False"}
+    assert np.allclose(amp["throughput_ratio"], 2.0) and np.allclose(amp["memory_ratio"], 0.6)
+    assert np.allclose(amp["auc_diff"], 0.01)
+    batch = found[found["param"] == "batch_size"]
+    assert len(batch) == 3 and set(batch["value"]) == {"8"} and np.allclose(batch["throughput_ratio"], 2.0)
+    assert "seed" not in set(found["param"])  # seeds are aggregated, not compared
+    summary = summarize_effects(found).set_index("param")
+    assert summary.loc["amp", "pairs"] == 3
+    assert summary.loc["amp", "throughput_ratio"] == pytest.approx(2.0)
+    assert summary.loc["amp", "memory_ratio"] == pytest.approx(0.6)
+
+
+def test_aggregate_gives_mean_std_and_count_per_configuration():
+    table = aggregate(runs_frame(), ["amp", "batch_size"], ["perf/samples_per_s"])
+    assert table[["amp", "batch_size"]].values.tolist() == [["False", "4"], ["False", "8"], ["True", "4"],
+                                                            ["True", "8"]]
+    assert table["n"].tolist() == [2, 2, 2, 1]
+    assert table["perf/samples_per_s"].tolist() == [6.0, 12.0, 12.0, 16.0]
+    assert table["perf/samples_per_s std"].iloc[0] == pytest.approx(np.std([4.0, 8.0], ddof=1))
+    assert np.isnan(table["perf/samples_per_s std"].iloc[3])
+
+
+# --- the report of hand-logged runs in a real store (no training) ------------------------------------------
+
+def log_run(client: mlflow.MlflowClient, experiment_id: str, params: dict[str, str], epochs: list[dict[str, float]],
+            final: dict[str, float], status: str = "FINISHED", tags: dict[str, str] | None = None) -> str:
+    run = client.create_run(experiment_id, tags=tags or {})
+    client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in params.items()],
+                     metrics=[Metric(k, v, 0, step) for step, values in enumerate(epochs) for k, v in values.items()]
+                     + [Metric(k, v, 0, len(epochs)) for k, v in final.items()])
+    client.set_terminated(run.info.run_id, status)
+    return run.info.run_id
+
+
+@pytest.fixture(scope="module")
+def logged_sweep(tmp_path_factory):
+    """A sweep's parent and its children as ``src.train`` logs them: amp=true,false x seed=0,1 finished, one
+    more job out of memory. One store for the module (creating one takes seconds); reports overwrite theirs."""
+    tmp_path = tmp_path_factory.mktemp("logged")
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = ensure_store(store)
+    experiment_id = client.create_experiment("medsweep", artifact_location=str(tmp_path / "artifacts"))
+    parent = client.create_run(experiment_id, tags={"role": "sweep", "sweep_dir": str(tmp_path / "sweep")}).info.run_id
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / PARENT_ID_FILE).write_text(parent)
+    child = {MLFLOW_PARENT_RUN_ID: parent}
+    for amp in ("True", "False"):
+        for seed in (0, 1):
+            fast = amp == "True"
+            epochs = [{"val/auc": 0.7, "val/acc": 0.6, "perf/samples_per_s": 18.0 + 4 * fast * 2 + seed},
+                      {"val/auc": 0.9, "val/acc": 0.8, "perf/samples_per_s": 22.0 + 4 * fast * 2 + seed},
+                      {"val/auc": 0.9, "val/acc": 0.5, "perf/samples_per_s": 20.0 + 4 * fast * 2 + seed}]
+            for epoch in epochs:
+                epoch.update({"mem/peak_mb": 60.0 if fast else 100.0, "mem/predicted_mb": 80.0})
+            log_run(client, experiment_id, {"amp": amp, "seed": str(seed), "batch_size": "4"}, epochs,
+                    {"test/acc": 0.7, "test/auc": 0.81 + 0.01 * fast + 0.02 * seed}, tags=child)
+    log_run(client, experiment_id, {"amp": "True", "seed": "0", "batch_size": "64"}, [],
+            {"mem/peak_mb": 5000.0, "mem/predicted_mb": 4800.0}, "FAILED", {**child, "status": "oom", "retried": "false"})
+    return client, parent, tmp_path / "sweep", store
+
+
+def test_report_of_a_sweep_folder_tabulates_plots_and_logs_to_the_parent_run(logged_sweep):
+    client, parent, sweep, store = logged_sweep
+    out = report(report_config(f"sweep={sweep}", f"mlflow.tracking_uri={store}"))
+    assert out == sweep / "report"
+    assert {p.name for p in out.iterdir()} == REPORT_FILES
+    found = tables((out / "report.md").read_text())
+    configs = {row["amp"]: row for row in found["Configurations"]}
+    assert set(configs) == {"true", "false"}  # amp swept (so is batch_size, through the failed run), seed aggregated
+    assert configs["false"]["batch_size"] == "4" and configs["false"]["n"] == "2"
+    assert configs["true"]["test/auc"] == "0.830 ± 0.014"  # mean and sample std of 0.82 and 0.84
+    assert configs["true"]["val/auc"] == "0.900 ± 0.000"  # at the first best epoch (1), where val/acc is 0.8
+    assert configs["true"]["val/acc"] == "0.800 ± 0.000"
+    assert configs["false"]["perf/samples_per_s"] == "20.5 ± 0.7"  # mean over epochs of 20 and 21
+    assert configs["true"]["mem/peak_mb"] == "60 ± 0" and configs["true"]["Pareto"] == "yes"
+    assert configs["false"]["Pareto"] == ""  # slower and larger than amp=true
+    effects = found["Paired effects"]
+    assert effects == [{"comparison": "amp=true vs false", "pairs": "2", "samples/s": "×1.39",
+                        "peak memory": "-40%", "test AUC": "+0.010"}]
+    failed = found["Not finished"]
+    assert [(row["status"], row["amp"], row["batch_size"], row["mem/peak_mb"]) for row in failed] == \
+        [("FAILED (oom)", "true", "64", "5000")]
+    assert len(found["Finished runs"]) == 4
+    with open(out / "runs.csv") as file:
+        assert len(list(csv.DictReader(file))) == 5
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 2 and "amp=true vs false" in html
+    logged = {a.path for a in client.list_artifacts(parent, "report")}
+    assert logged == {f"report/{name}" for name in REPORT_FILES}
+
+
+def test_an_experiment_is_reported_without_logging_anywhere(logged_sweep, tmp_path, caplog):
+    client, parent, _, store = logged_sweep
+    caplog.set_level("INFO")
+    before = client.list_artifacts(parent, "report")
+    out = report(report_config("mlflow.experiment=medsweep", f"mlflow.tracking_uri={store}", f"out={tmp_path}/exp"))
+    assert out == tmp_path / "exp" and REPORT_FILES <= {p.name for p in out.iterdir()}
+    assert len(tables((out / "report.md").read_text())["Finished runs"]) == 4  # the parent run is not a job
+    assert client.list_artifacts(parent, "report") == before
+    assert "not logged to MLflow" in caplog.text
+
+
+def test_a_parent_run_id_selects_the_same_runs_and_writes_beside_the_sweep(logged_sweep):
+    _, parent, sweep, store = logged_sweep
+    out = report(report_config(f"parent={parent}", f"mlflow.tracking_uri={store}"))
+    assert out == sweep / "report"  # the parent's sweep_dir tag names a folder that exists here
+    found = tables((out / "report.md").read_text())
+    assert len(found["Finished runs"]) == 4 and len(found["Not finished"]) == 1
+
+
+def test_a_job_run_id_is_not_a_parent(logged_sweep):
+    store = logged_sweep[3]
+    child = next(r for r in runs(store) if r.data.tags.get(MLFLOW_PARENT_RUN_ID)).info.run_id
+    with pytest.raises(UsageError, match=f"^parent={child}: run {child} has no child runs: give a sweep's parent"):
+        report(report_config(f"parent={child}", f"mlflow.tracking_uri={store}"))
+
+
+BAD_SELECTORS = [
+    ((), "no selector: give exactly one of sweep=<folder>, parent=<run id> or mlflow.experiment=<name>"),
+    (("parent=abc", "mlflow.experiment=medsweep"), "parent=abc and mlflow.experiment=medsweep: give exactly one of"),
+    (("sweep={tmp}/nowhere",), "sweep={tmp}/nowhere: no such folder"),
+    (("sweep={tmp}",), f"sweep={{tmp}} has no {PARENT_ID_FILE} file"),
+    (("parent=0123abc",), "parent=0123abc: run 0123abc is not in sqlite:///"),
+    (("mlflow.experiment=nope",), "mlflow.experiment=nope is not in sqlite:///"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), BAD_SELECTORS)
+def test_bad_selectors_name_the_value_and_the_fix(logged_sweep, tmp_path, overrides, message):
+    store = logged_sweep[3]
+    with pytest.raises(UsageError) as raised:
+        report(report_config(*(o.format(tmp=tmp_path) for o in overrides), f"mlflow.tracking_uri={store}"))
+    assert str(raised.value).startswith(message.format(tmp=tmp_path))
+
+
+def test_a_missing_store_is_one_error_line_and_exit_2(tmp_path):
+    result = run_cli("mlflow.experiment=medsweep", f"mlflow.tracking_uri=sqlite:///{tmp_path}/none.db",
+                     module="src.report")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (f"error: mlflow.tracking_uri=sqlite:///{tmp_path}/none.db: no such store: "
+                                     f"set it to the store the runs logged to")
+    assert not (tmp_path / "none.db").exists()
+
+
+# --- a real sweep, reported by a real process -------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_real_sweep_is_reported_with_seeds_aggregated(tmp_path, store):
+    sweep = tmp_path / "sweep"
+    result = run_cli("-m", "data=synthetic", "model=resnet10", "model.stem=standard", "batch_size=4", "epochs=1",
+                     "limit_batches=2", "num_threads=1", "amp=true,false", "seed=0,1", f"mlflow.tracking_uri={store}",
+                     f"hydra.sweep.dir={sweep}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_cli(f"sweep={sweep}", f"mlflow.tracking_uri={store}", module="src.report")
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = sweep / "report"
+    found = tables((out / "report.md").read_text())
+    children = [r for r in runs(store) if r.data.tags.get(MLFLOW_PARENT_RUN_ID)]
+    for row in found["Configurations"]:
+        aucs = [r.data.metrics["test/auc"] for r in children if r.data.params["amp"].lower() == row["amp"]]
+        assert row["n"] == "2" and row["test/auc"] == f"{np.mean(aucs):.3f} ± {np.std(aucs, ddof=1):.3f}"
+    assert sorted(row["amp"] for row in found["Configurations"]) == ["false", "true"]
+    assert [(row["comparison"], row["pairs"]) for row in found["Paired effects"]] == [("amp=true vs false", "2")]
+    for name in ("throughput_memory.png", "paired_effects.png"):
+        assert (out / name).read_bytes()[:8] == PNG_SIGNATURE
+        height, width, _ = matplotlib.image.imread(out / name).shape
+        assert width > 1000 and height > 300
+    parent = read_parent(sweep)
+    logged = {a.path for a in mlflow.MlflowClient(store).list_artifacts(parent, "report")}
+    assert logged == {f"report/{name}" for name in REPORT_FILES}
+
+
+def read_parent(sweep) -> str:
+    return (sweep / PARENT_ID_FILE).read_text().strip()

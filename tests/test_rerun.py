@@ -1,0 +1,77 @@
+"""``rerun=<run id>``: a logged run's config, trained again into a new run."""
+from __future__ import annotations
+
+import mlflow
+import pytest
+from omegaconf import OmegaConf
+
+from src.errors import UsageError
+from src.rerun import rerun_config
+from src.tracking import ensure_store
+from tests.conftest import compose_config, run_cli, runs
+from tests.test_train import history, small_run
+
+
+def config_artifact(store: str, run_id: str, folder) -> dict:
+    path = mlflow.MlflowClient(store).download_artifacts(run_id, ".hydra/config.yaml", str(folder))
+    return OmegaConf.to_container(OmegaConf.load(path))
+
+
+@pytest.mark.slow
+def test_a_rerun_repeats_the_run_exactly(tmp_path, store, shared_data):
+    assert run_cli(*small_run(tmp_path / "first", store, shared_data, "seed=3", "deterministic=true")).returncode == 0
+    (original,) = runs(store)
+    result = run_cli(f"rerun={original.info.run_id}", f"mlflow.tracking_uri={store}",
+                     f"hydra.run.dir={tmp_path}/rerun")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (rerun,) = [r for r in runs(store) if r.info.run_id != original.info.run_id]
+
+    assert rerun.info.status == "FINISHED" and rerun.data.tags["rerun_of"] == original.info.run_id
+    assert rerun.data.params == original.data.params
+    assert rerun.data.tags["config_hash"] == original.data.tags["config_hash"]
+    for key in ("test/acc", "test/auc"):
+        assert rerun.data.metrics[key] == original.data.metrics[key], key
+    assert history(store, rerun.info.run_id)["train/loss"] == history(store, original.info.run_id)["train/loss"]
+    assert config_artifact(store, rerun.info.run_id, tmp_path / "a") == config_artifact(
+        store, original.info.run_id, tmp_path / "b")  # the artifact is what was trained, not the command line
+
+
+@pytest.mark.slow
+def test_a_rerun_with_a_result_key_fails_in_one_line(tmp_path, store, shared_data):
+    assert run_cli(*small_run(tmp_path, store, shared_data, "epochs=1")).returncode == 0
+    (original,) = runs(store)
+    result = run_cli(f"rerun={original.info.run_id}", f"mlflow.tracking_uri={store}", "seed=5",
+                     f"hydra.run.dir={tmp_path}/rerun")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: seed cannot change next to rerun=")
+    assert [r.info.run_id for r in runs(store)] == [original.info.run_id]
+
+
+def refused(store: str, *overrides: str) -> str:
+    cfg = compose_config(*overrides, f"mlflow.tracking_uri={store}")
+    with pytest.raises(UsageError) as err:
+        rerun_config(cfg, list(overrides), ensure_store(store))
+    return str(err.value)
+
+
+def test_unknown_runs_runs_without_a_config_and_result_keys_are_refused(store):
+    assert "rerun=0123abcd is not a run in" in refused(store, "rerun=0123abcd")
+    client = ensure_store(store)
+    empty = client.create_run(client.create_experiment("medsweep")).info.run_id
+    assert f"rerun={empty} has no .hydra/config.yaml artifact" in refused(store, f"rerun={empty}")
+    message = refused(store, f"rerun={empty}", "data.root=/x", "model=resnet18")
+    assert message.startswith(f"model cannot change next to rerun={empty}") and "data.root" in message
+
+
+def test_non_result_keys_replace_the_logged_ones(tmp_path, store):
+    client = ensure_store(store)
+    logged = compose_config("model=resnet10", "seed=4", "data.root=/old", "mlflow.experiment=old")
+    (tmp_path / ".hydra").mkdir()
+    OmegaConf.save(logged, tmp_path / ".hydra" / "config.yaml")
+    run_id = client.create_run(client.create_experiment("medsweep")).info.run_id
+    client.log_artifacts(run_id, str(tmp_path / ".hydra"), ".hydra")
+
+    overrides = [f"rerun={run_id}", "data.root=/new"]
+    rebuilt = rerun_config(compose_config(*overrides, f"mlflow.tracking_uri={store}"), overrides, client)
+    assert (rebuilt.model.name, rebuilt.seed, rebuilt.data.root) == ("resnet10", 4, "/new")
+    assert (rebuilt.mlflow.tracking_uri, rebuilt.mlflow.experiment, rebuilt.rerun) == (store, "old", None)

@@ -1,0 +1,258 @@
+"""Checkpoints, ``resume=``, SIGTERM and submitit requeue: real signals, real processes, a real MLflow store."""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from src import checkpoint
+from src.data import load_splits, make_loader
+from src.engine import Trainer
+from src.errors import UsageError
+from src.preemption import EXIT_PREEMPTED, Preempted, Preemption
+from src.resume import explicit, log_missing
+from src.tracking import RunLogger, ensure_store
+from tests.conftest import ROOT, compose_config, run_cli, runs
+from tests.test_train import RESULTS, history, small_run
+
+EPOCHS = 4
+RUN = (f"epochs={EPOCHS}", "skip_finished=false")  # reruns of one config must train, not be skipped
+NOT_RESULTS = ("perf/", "mem/", "time/")  # measurements of the process, not results
+
+
+def results(uri: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
+    return {key: values for key, values in history(uri, run_id).items() if not key.startswith(NOT_RESULTS)}
+
+
+def assert_one_value_per_epoch(uri: str, run_id: str) -> None:
+    for key, values in history(uri, run_id).items():
+        steps = [step for step, _ in values]
+        assert steps == ([EPOCHS] if key.startswith(("test/", "model/", "time/")) else list(range(EPOCHS))), key
+
+
+def assert_same_weights(path: Path, reference: Path) -> None:
+    ours, theirs = torch.load(path, weights_only=True), torch.load(reference, weights_only=True)
+    for part in ("model", "best_state"):
+        assert ours[part].keys() == theirs[part].keys()
+        assert all(torch.equal(ours[part][k], theirs[part][k]) for k in ours[part]), part
+    assert all(torch.equal(a, b) for a, b in zip(ours["optimizer"]["state"][0].values(),
+                                                 theirs["optimizer"]["state"][0].values()))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, shared_data) -> tuple[str, str, Path]:
+    """One uninterrupted run: (store, run id, its checkpoint)."""
+    folder = tmp_path_factory.mktemp("reference")
+    store = f"sqlite:///{folder / 'mlflow.db'}"
+    result = run_cli(*small_run(folder, store, shared_data, *RUN))
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = runs(store)
+    return store, run.info.run_id, folder / "run" / checkpoint.FILE
+
+
+def assert_equals_reference(store: str, run_id: str, folder: Path, reference: tuple[str, str, Path]) -> None:
+    ref_store, ref_id, ref_checkpoint = reference
+    run = mlflow.MlflowClient(store).get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert_one_value_per_epoch(store, run_id)
+    assert results(store, run_id) == results(ref_store, ref_id)
+    assert RESULTS <= set(results(store, run_id))
+    assert_same_weights(folder / checkpoint.FILE, ref_checkpoint)
+
+
+# -- the checkpoint file and the Trainer, in this process ---------------------------------------------------
+
+
+def test_checkpoint_is_atomic_weights_only_and_restores_every_generator(tmp_path):
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    path = tmp_path / checkpoint.FILE
+    checkpoint.save({"rng": checkpoint.rng_state()}, path)
+    drawn = (random.random(), np.random.rand(), torch.rand(3))
+    assert [p.name for p in tmp_path.iterdir()] == [checkpoint.FILE]  # no temp file left behind
+    checkpoint.set_rng_state(torch.load(path, weights_only=True)["rng"])
+    again = (random.random(), np.random.rand(), torch.rand(3))
+    assert drawn[:2] == again[:2] and torch.equal(drawn[2], again[2])
+
+
+def bn_net() -> nn.Module:
+    """Small, with BatchNorm running statistics (buffers must come back too)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv3d(1, 4, 3, stride=2), nn.BatchNorm3d(4), nn.ReLU(), nn.AdaptiveAvgPool3d(1),
+                         nn.Flatten(), nn.Linear(4, 2))
+
+
+def trainer(shared_data, folder: Path, *overrides: str, preemption: Preemption | None = None) -> Trainer:
+    """Cyclic LR (stepped per optimizer step) and accumulation: the state a mid-epoch stop must keep."""
+    cfg = OmegaConf.to_object(compose_config(
+        "data=adrenalmnist3d", f"data.root={shared_data}", "data.download=false", "device=cpu", "batch_size=2",
+        "accumulate=2", "limit_batches=6", "epochs=3", "sched=cyclic", *overrides))
+    cpu = torch.device("cpu")
+    loaders = {s: make_loader(cfg.data, t, cfg.batch_size, cfg.seed, s == "train", cpu)
+               for s, t in load_splits(cfg.data).items()}
+    folder.mkdir(exist_ok=True)
+    return Trainer(cfg, bn_net(), loaders, cpu, checkpoint_to=folder / checkpoint.FILE, preemption=preemption)
+
+
+def test_a_trainer_stopped_by_sigterm_mid_epoch_resumes_bitwise(tmp_path, shared_data):
+    logged = {"whole": [], "parts": []}
+    whole = trainer(shared_data, tmp_path / "whole")
+    final = whole.fit(lambda metrics, step: logged["whole"].append((step, metrics)))
+
+    preemption = Preemption()
+    stopped = trainer(shared_data, tmp_path / "parts", "fault.term_step=4", preemption=preemption)
+    with preemption.installed(), pytest.raises(Preempted, match="stopped at epoch 2 step 1/3"):
+        stopped.fit(lambda metrics, step: logged["parts"].append((step, metrics)))  # a real SIGTERM after step 4
+    state = torch.load(tmp_path / "parts" / checkpoint.FILE, weights_only=True)
+    assert (state["epoch"], state["step"]) == (1, 1) and len(state["running"]["loss"]) == 1
+
+    resumed = trainer(shared_data, tmp_path / "parts", "fault.term_step=4")
+    resumed.load_state_dict(state)
+    resumed_final = resumed.fit(lambda metrics, step: logged["parts"].append((step, metrics)))
+
+    def kept(entries):
+        return [(step, {k: v for k, v in m.items() if not k.startswith(NOT_RESULTS)}) for step, m in entries]
+    assert kept(logged["parts"]) == kept(logged["whole"]) and [s for s, _ in logged["parts"]] == [0, 1, 2, 3]
+    assert {k: v for k, v in resumed_final.items() if k != "time/total_s"} == \
+        {k: v for k, v in final.items() if k != "time/total_s"}
+    assert_same_weights(tmp_path / "parts" / checkpoint.FILE, tmp_path / "whole" / checkpoint.FILE)
+
+
+def test_metrics_a_stopped_run_already_logged_are_not_logged_twice(store):
+    client = ensure_store(store)
+    run = RunLogger.start(client, "medsweep", "r", params={}, tags={})
+    run.log_metrics({"val/auc": 0.5}, step=2)
+    log_missing(run, {"val/auc": 0.5, "val/acc": 0.75}, step=2)
+    log_missing(run, {"val/auc": 0.5, "val/acc": 0.75}, step=2)
+    assert history(store, run.run_id) == {"val/auc": [(2, 0.5)], "val/acc": [(2, 0.75)]}
+
+
+# -- bad resume= values ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def unfinished(tmp_path, store, shared_data) -> tuple[Path, str, list[str]]:
+    """A RUNNING MLflow run with a real one-epoch checkpoint: (its folder, run id, its overrides)."""
+    overrides = ["data=adrenalmnist3d", f"data.root={shared_data}", "data.download=false", "device=cpu",
+                 f"mlflow.tracking_uri={store}"]
+    cfg = compose_config(*overrides)
+    run = RunLogger.start(ensure_store(store), "medsweep", "r", params={}, tags={"output_dir": str(tmp_path / "run")})
+    job = trainer(shared_data, tmp_path / "run", "epochs=1", "limit_batches=2")
+    job.checkpoint_meta = {"run_id": run.run_id, "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+                           "batch_size": 2, "accumulate": 2, "world": 1}
+    job.fit(lambda metrics, step: None)
+    return tmp_path / "run", run.run_id, overrides
+
+
+def resume_error(value: str, overrides: list[str]) -> str:
+    with pytest.raises(UsageError) as err:
+        explicit(compose_config(*overrides, f"resume={value}"), [*overrides, f"resume={value}"],
+                 mlflow.MlflowClient(OmegaConf.select(compose_config(*overrides), "mlflow.tracking_uri")))
+    return str(err.value)
+
+
+def test_bad_resume_values_name_the_value_and_the_fix(tmp_path, store, unfinished):
+    folder, run_id, overrides = unfinished
+    assert explicit(compose_config(*overrides, f"resume={run_id}"), [f"resume={run_id}", *overrides[-1:]],
+                    mlflow.MlflowClient(store))[1].run_id == run_id  # the good case, by run id
+    assert resume_error("nope", overrides).startswith("resume=nope is neither a folder nor a run id in")
+    (tmp_path / "empty").mkdir()
+    assert f"no checkpoint.pt in {tmp_path / 'empty'}" in resume_error(str(tmp_path / "empty"), overrides)
+    assert "would change epochs=100->5" in resume_error(str(folder), [*overrides, "epochs=5"])
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    ensure_store(other)
+    assert f"is not in {other}: set mlflow.tracking_uri" in \
+        resume_error(str(folder), [*overrides[:-1], f"mlflow.tracking_uri={other}"])
+    mlflow.MlflowClient(store).set_terminated(run_id, "FINISHED")
+    assert f"run {run_id} is already FINISHED" in resume_error(run_id, overrides)
+
+
+def test_a_bad_resume_value_fails_the_cli_in_one_line(tmp_path, store, shared_data):
+    result = run_cli(*small_run(tmp_path, store, shared_data, "resume=0f00ba4"))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("error: resume=0f00ba4 is neither a folder nor a run id")
+    assert runs(store) == []
+
+
+# -- real processes: SIGKILL, SIGTERM, submitit requeue ----------------------------------------------------
+
+
+def wait_for_checkpoint(path: Path, process: subprocess.Popen, epochs_done: int) -> None:
+    while not (path.is_file() and checkpoint.load(path, mmap=True)["epoch"] >= epochs_done):
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        time.sleep(0.02)
+
+
+def popen(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "src.train", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+@pytest.mark.slow
+def test_a_run_killed_after_epoch_2_resumes_by_run_id_to_the_uninterrupted_result(tmp_path, store, shared_data,
+                                                                                   reference):
+    process = popen(*small_run(tmp_path, store, shared_data, *RUN))
+    wait_for_checkpoint(tmp_path / "run" / checkpoint.FILE, process, epochs_done=2)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    (run,) = runs(store)
+    assert run.info.status == "RUNNING"  # nobody closed it
+    result = run_cli(f"resume={run.info.run_id}", f"mlflow.tracking_uri={store}", f"hydra.run.dir={tmp_path}/again")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_equals_reference(store, run.info.run_id, tmp_path / "run", reference)
+    tags = mlflow.MlflowClient(store).get_run(run.info.run_id).data.tags
+    assert tags["resumes"] == "1" and tags["preempted"] == "false"
+    artifacts = {a.path for a in mlflow.MlflowClient(store).list_artifacts(run.info.run_id)}
+    assert {".hydra", "metrics.json", "resumes"} <= artifacts and checkpoint.FILE not in artifacts
+
+
+@pytest.mark.slow
+def test_sigterm_mid_epoch_checkpoints_exits_143_and_resumes_to_the_uninterrupted_result(tmp_path, store,
+                                                                                        shared_data, reference):
+    result = run_cli(*small_run(tmp_path, store, shared_data, *RUN, "fault.term_step=4"))  # epoch 2, step 1 of 3
+    assert result.returncode == EXIT_PREEMPTED, result.stderr[-3000:]
+    (run,) = runs(store)
+    assert run.info.status == "KILLED"
+    assert run.data.tags["preempted"] == "true" and run.data.tags["resume_with"] == f"resume={run.info.run_id}"
+    assert f"is KILLED and resumable: python -m src.train resume={run.info.run_id}" in result.stdout + result.stderr
+    state = torch.load(tmp_path / "run" / checkpoint.FILE, weights_only=True)
+    assert (state["epoch"], state["step"], state["run_id"]) == (1, 1, run.info.run_id)
+    again = run_cli(f"resume={tmp_path / 'run'}", f"mlflow.tracking_uri={store}", f"hydra.run.dir={tmp_path}/again")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert_equals_reference(store, run.info.run_id, tmp_path / "run", reference)
+
+
+def submitit_task(sweep: Path) -> int | None:
+    """The pid of the process submitit runs the job in (``python -m submitit.core._submit <sweep>/.submitit/...``)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"submitit.core._submit" in cmdline and any(str(sweep).encode() in part for part in cmdline):
+            return int(proc.name)
+    return None
+
+
+@pytest.mark.slow
+def test_submitit_requeue_resumes_the_job_in_its_own_folder(tmp_path, store, shared_data, reference):
+    """submitit's preemption signal (USR2) to the job: checkpoint, requeue by submitit, the new task resumes."""
+    process = popen("-m", "hydra/launcher=submitit_local", *small_run(tmp_path, store, shared_data, *RUN))
+    wait_for_checkpoint(tmp_path / "sweep" / "0" / checkpoint.FILE, process, epochs_done=1)
+    os.kill(submitit_task(tmp_path / "sweep"), signal.SIGUSR2)
+    assert process.wait(timeout=600) == 0, process.communicate()[1][-3000:]
+    (job,) = [r for r in runs(store) if r.data.tags.get("mlflow.parentRunId")]
+    assert job.data.tags["resumes"] == "1"
+    assert_equals_reference(store, job.info.run_id, tmp_path / "sweep" / "0", reference)
+    parent = next(r for r in runs(store) if r.data.tags.get("role") == "sweep")
+    assert parent.info.status == "FINISHED"

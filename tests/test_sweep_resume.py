@@ -1,0 +1,86 @@
+"""``skip_finished``: a sweep started again runs only the configs without a FINISHED run."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from src.tracking import config_hash, ensure_store, flatten
+from tests.conftest import ROOT, compose_config, run_cli, runs
+from tests.test_train import small_run
+
+def children(store: str) -> list:
+    return [r for r in runs(store) if r.data.tags.get("mlflow.parentRunId")]
+
+
+def finished_seeds(store: str) -> list[str]:
+    return sorted(r.data.params["seed"] for r in children(store) if r.info.status == "FINISHED")
+
+
+def test_the_hash_ignores_where_a_run_logs_and_how_it_is_started():
+    base = config_hash(flatten(compose_config("seed=1")))
+    same = compose_config("seed=1", "mlflow.tracking_uri=sqlite:///other.db", "mlflow.experiment=e", "data.root=/x",
+                          "data.download=false", "skip_finished=false", "rerun=abc", "objective=val/auc")
+    assert config_hash(flatten(same)) == base
+    for override in ("seed=2", "model.dsconv=true", "batch_size=derived"):
+        extra = ("effective_batch_size=32",) if override == "batch_size=derived" else ()
+        assert config_hash(flatten(compose_config("seed=1", override, *extra))) != base, override
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_started_again_runs_only_the_unfinished_jobs(tmp_path, store, shared_data):
+    args = ("-m", *small_run(tmp_path, store, shared_data, "epochs=1", "seed=0,1,2,3"))
+    ensure_store(store)  # created once, before the sweep's process and this test's polling open it
+    with open(tmp_path / "first.log", "w") as out:
+        first = subprocess.Popen([sys.executable, "-m", "src.train", *args], cwd=ROOT, stdout=out,
+                                 stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ,
+                                                                                        "PYTHONUNBUFFERED": "1"})
+        try:
+            deadline = time.monotonic() + 300
+            while len(finished_seeds(store)) < 2:
+                assert first.poll() is None and time.monotonic() < deadline, (tmp_path / "first.log").read_text()
+                time.sleep(0.2)
+        finally:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+    assert finished_seeds(store) == ["0", "1"]
+    before = {r.info.run_id for r in runs(store)}
+
+    result = run_cli(*args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    new = [r for r in children(store) if r.info.run_id not in before]
+    assert sorted(r.data.params["seed"] for r in new) == ["2", "3"]
+    assert {r.info.status for r in new} == {"FINISHED"}
+    assert finished_seeds(store) == ["0", "1", "2", "3"]  # one each; a job RUNNING at the kill stays RUNNING
+    (parent,) = [r for r in runs(store) if r.data.tags.get("role") == "sweep" and r.info.run_id not in before]
+    assert parent.info.status == "FINISHED"
+    done = {r.data.params["seed"]: r.info.run_id for r in children(store) if r.info.status == "FINISHED"}
+    skipped = {k: v for k, v in parent.data.tags.items() if k.startswith("skipped.")}
+    assert skipped.keys() == {"skipped.0", "skipped.1"}
+    for job, seed in (("0", "0"), ("1", "1")):
+        assert f"seed={seed}" in skipped[f"skipped.{job}"] and skipped[f"skipped.{job}"].endswith(f"-> {done[seed]}")
+    log = result.stdout + result.stderr
+    assert log.count("FINISHED with the same config") == 2 and f"run {done['0']} FINISHED" in log
+
+
+@pytest.mark.slow
+def test_a_finished_single_run_is_skipped_unless_skip_finished_is_false(tmp_path, store, shared_data):
+    args = small_run(tmp_path, store, shared_data, "epochs=1", "deterministic=true")
+    assert run_cli(*args).returncode == 0
+    (first,) = runs(store)
+
+    again = run_cli(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"run {first.info.run_id} FINISHED with the same config" in again.stdout + again.stderr
+    assert [r.info.run_id for r in runs(store)] == [first.info.run_id]
+
+    forced = run_cli(*args, "skip_finished=false")
+    assert forced.returncode == 0, forced.stderr[-3000:]
+    second = next(r for r in runs(store) if r.info.run_id != first.info.run_id)
+    assert second.info.status == "FINISHED"
+    assert second.data.tags["config_hash"] == first.data.tags["config_hash"]
+    assert second.data.metrics["test/auc"] == first.data.metrics["test/auc"]

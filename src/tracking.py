@@ -163,7 +163,8 @@ class SweepParentRun(Callback):
             sys.exit(2)
         sweep_dir = Path(config.hydra.sweep.dir)
         overrides = " ".join(config.hydra.overrides.task)
-        self.parent = RunLogger.start(client, config.mlflow.experiment, f"sweep {sweep_dir.name} {overrides}"[:250],
+        name = f"sweep {sweep_dir.name} {overrides}"[:250].rstrip()
+        self.parent = RunLogger.start(client, config.mlflow.experiment, name,
                                       params={}, tags={"sweep_dir": str(sweep_dir.resolve()), "overrides": overrides,
                                                        "role": "sweep", **environment_tags()})
         sweep_dir.mkdir(parents=True, exist_ok=True)

@@ -247,7 +247,7 @@ def job_gpus(hydra_cfg: DictConfig) -> Iterator[tuple[int, ...]]:
 
 
 def run_name(overrides: list[str]) -> str:
-    return " ".join(overrides)[:250] or "defaults"
+    return " ".join(overrides)[:250].rstrip() or "defaults"
 
 
 def read_oom(output_dir: Path) -> dict[str, float] | None:

@@ -36,7 +36,7 @@ from src.config import ReportConfig, register
 from src.errors import UsageError
 from src.sweep_analysis import (AUC, MEMORY, SEED, THROUGHPUT, aggregate, comparison, paired_effects, pareto_front,
                                 shown, summarize_effects, swept_columns)
-from src.tracking import PARENT_ID_FILE, ensure_store, read_parent_id, tracking_uri
+from src.tracking import PARENT_ID_FILE, ensure_store, read_parent_id, store_exists, tracking_uri
 
 log = logging.getLogger(__name__)
 register()
@@ -277,7 +277,7 @@ def report(cfg: ReportConfig) -> Path:
         raise UsageError(f"{' and '.join(chosen) or 'no selector'}: give exactly one of sweep=<folder>, "
                          f"parent=<run id> or mlflow.experiment=<name>")
     uri = tracking_uri(cfg)
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+    if not store_exists(uri):
         raise UsageError(f"mlflow.tracking_uri={uri}: no such store: set it to the store the runs logged to")
     client = ensure_store(uri)
     selection = select(cfg, client, uri)

@@ -24,9 +24,9 @@ CONFIG_ARTIFACT = ".hydra/config.yaml"
 
 
 def changed_keys(overrides: list[str]) -> list[str]:
-    """The config keys the command line sets, ``rerun`` itself left out."""
+    """The config keys the command line sets, ``rerun`` and ``resume`` (which pick the run) left out."""
     parsed = OverridesParser.create().parse_overrides(overrides)
-    return [key for key in (override.key_or_group for override in parsed) if key != "rerun"]
+    return [key for key in (override.key_or_group for override in parsed) if key not in ("rerun", "resume")]
 
 
 def logged_config(client: mlflow.MlflowClient, run_id: str) -> DictConfig:

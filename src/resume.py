@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from mlflow.exceptions import MlflowException
 from omegaconf import DictConfig, OmegaConf
 
 from src import checkpoint
 from src.config import Config
 from src.errors import UsageError
+from src.rerun import changed_keys
 from src.tracking import NOT_HASHED, RunLogger, flatten
 
 log = logging.getLogger(__name__)
@@ -93,8 +93,7 @@ def explicit(cfg: DictConfig, overrides: list[str], client: mlflow.MlflowClient)
         raise UsageError(f"resume={value}: run {state['run_id']} is already FINISHED, there is nothing to resume: "
                          f"rerun={state['run_id']} trains its config again")
     stored, rebuilt = stored_config(state), stored_config(state)
-    parsed = OverridesParser.create().parse_overrides(overrides)
-    for key in (o.key_or_group for o in parsed if o.key_or_group not in ("resume", "rerun")):
+    for key in changed_keys(overrides):
         OmegaConf.update(rebuilt, key, OmegaConf.select(cfg, key), merge=False)
     changes = result_changes(stored, rebuilt)
     if changes:

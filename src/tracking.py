@@ -82,9 +82,14 @@ def config_hash(params: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def store_exists(uri: str) -> bool:
+    """False only for an SQLite store whose database file is not there yet (opening it would create it)."""
+    return not uri.startswith("sqlite:///") or Path(uri.removeprefix("sqlite:///")).exists()
+
+
 def finished_run(uri: str, experiment: str, hashed: str) -> mlflow.entities.Run | None:
     """The latest FINISHED run of ``experiment`` tagged ``config_hash=hashed``; a store not created yet has none."""
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+    if not store_exists(uri):
         return None
     client = ensure_store(uri)
     found = client.get_experiment_by_name(experiment)

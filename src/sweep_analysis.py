@@ -58,11 +58,15 @@ def short_name(param: str) -> str:
 
 
 def aggregate(runs: pd.DataFrame, keys: list[str], metrics: list[str]) -> pd.DataFrame:
-    """One row per combination of ``keys``: ``n`` runs and each metric's mean and std (``<metric> std``)."""
+    """One row per combination of ``keys``: ``n`` runs and each metric's mean and std (``<metric> std``).
+
+    A NaN in any run (a diverged seed, an AUC undefined on a one-class split) makes its combination's mean and
+    std NaN rather than a mean of the other runs that ``n`` would misstate.
+    """
     if not keys:
         runs, keys = runs.assign(_all=""), ["_all"]
     grouped = runs.groupby(keys, dropna=False, sort=False)
-    table = grouped[metrics].mean().join(grouped[metrics].std().add_suffix(" std"))
+    table = grouped[metrics].mean(skipna=False).join(grouped[metrics].std(skipna=False).add_suffix(" std"))
     table.insert(0, "n", grouped.size())
     table = table.reset_index().drop(columns="_all", errors="ignore")
     order = sorted(range(len(table)), key=lambda i: [natural_key(str(table.at[i, k])) for k in keys if k != "_all"])

@@ -17,7 +17,7 @@ from src.config import Activation, Init, InitMode, ModelConfig, Norm, Shortcut, 
 from src.models import MODELS, build_model
 from src.models import densenet3d
 from src.models.densenet3d import DenseLayer, Transition
-from src.models.layers import (NORMS, DepthwiseSeparableConv3d, activation_gain, group_count, init_weights,
+from src.models.layers import (NORMS, Conv3d, DepthwiseSeparableConv3d, activation_gain, group_count, init_weights,
                                resolve_stem)
 from src.models.profile import count_params, forward_flops, profile_stages
 from src.models.resnet3d import ResidualBlock, ZeroPadShortcut
@@ -190,6 +190,44 @@ def test_forward_backward_reaches_every_parameter(name, size, stem, dsconv, turn
     F.cross_entropy(out, torch.tensor([0, 2])).backward()
     for param_name, param in model.named_parameters():
         assert param.grad is not None and param.grad.isfinite().all(), param_name
+
+
+# (C_in, C_out, kernel, stride, map): shapes where torch 2.13's oneDNN returns a wrong bf16 weight gradient on
+# avx512_bf16 CPUs (relative error 0.9-1e37, sometimes heap corruption; docs/benchmarks.md)
+ONEDNN_BF16_FAULTS = [(32, 32, 3, 1, (2, 2, 2)), (128, 32, 3, 1, (2, 4, 4)), (64, 128, 3, 2, (4, 1, 6)),
+                      (1, 32, 3, 1, (2, 6, 6))]
+
+
+def autocast_weight_grad(conv: nn.Conv3d, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The conv's output under CPU bf16 autocast, and its weight gradient against the float64 reference."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = conv(x)
+    grad = torch.randn(out.shape)
+    out.float().backward(grad)
+    reference = torch.nn.grad.conv3d_weight(x.double(), conv.weight.shape, grad.double(), conv.stride, conv.padding)
+    return out, ((conv.weight.grad.double() - reference).norm() / reference.norm()).item()
+
+
+@pytest.mark.parametrize("in_channels,out_channels,kernel,stride,shape", ONEDNN_BF16_FAULTS)
+def test_conv_leaves_cpu_autocast_on_maps_no_larger_than_its_kernel(in_channels, out_channels, kernel, stride, shape):
+    torch.manual_seed(0)
+    conv = Conv3d(in_channels, out_channels, kernel, stride, kernel // 2, bias=False)
+    out, error = autocast_weight_grad(conv, torch.randn(2, in_channels, *shape))
+    assert out.dtype == torch.float32 and error < 1e-5
+
+
+def test_conv_keeps_bf16_on_larger_maps():
+    torch.manual_seed(0)
+    conv = Conv3d(32, 32, 3, 1, 1, bias=False)
+    out, error = autocast_weight_grad(conv, torch.randn(2, 32, 4, 8, 8))
+    assert out.dtype == torch.bfloat16 and error < 0.02
+
+
+@pytest.mark.parametrize("dsconv", [False, True], ids=["dense", "dsconv"])
+@pytest.mark.parametrize("name", NAMES)
+def test_every_conv_of_the_zoo_is_the_autocast_safe_one(name, dsconv):
+    convs = [m for m in meta_model(name, dsconv=dsconv).modules() if isinstance(m, nn.Conv3d)]
+    assert convs and all(type(m) is Conv3d for m in convs)
 
 
 @pytest.mark.parametrize("name,switches", [

@@ -115,6 +115,14 @@ def test_aggregate_gives_mean_std_and_count_per_configuration():
     assert np.isnan(table["perf/samples_per_s std"].iloc[3])
 
 
+def test_a_nan_in_one_seed_makes_its_configuration_nan():
+    runs = runs_frame()
+    runs.loc[(runs["amp"] == "False") & (runs["batch_size"] == "4") & (runs["seed"] == "1"), "test/auc"] = np.nan
+    table = aggregate(runs, ["amp", "batch_size"], ["test/auc"])
+    assert table["test/auc"].isna().tolist() == [True, False, False, False]
+    assert table["test/auc std"].isna().tolist() == [True, False, False, True]
+
+
 # --- the report of hand-logged runs in a real store (no training) ------------------------------------------
 
 def log_run(client: mlflow.MlflowClient, experiment_id: str, params: dict[str, str], epochs: list[dict[str, float]],

@@ -52,6 +52,22 @@ def activation_gain(activation: Activation) -> float:
     return 1.0 / math.sqrt(torch.trapezoid(fz * fz * density, z).item())
 
 
+class Conv3d(nn.Conv3d):
+    """``nn.Conv3d`` that leaves CPU autocast (runs fp32) on maps no larger than its kernel in some dim.
+
+    PyTorch 2.13's CPU build (oneDNN 3.12) computes the bf16 weight gradient of such convs wrongly, up to
+    inf/NaN and heap corruption: 3^3 convs on maps 2 deep, 7^3 stride-2 convs on maps under 7 (measured in
+    docs/benchmarks.md, "bf16 weight gradients on CPU"). They are a model's deepest, tiniest convs, so fp32
+    costs next to nothing.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cpu" and torch.is_autocast_enabled("cpu") and min(x.shape[2:]) <= max(self.kernel_size):
+            with torch.autocast("cpu", enabled=False):
+                return super().forward(x.float())
+        return super().forward(x)
+
+
 class DepthwiseSeparableConv3d(nn.Sequential):
     """A k^3 conv split into a depthwise k^3 conv (carrying the stride) and a pointwise 1^3 conv.
 
@@ -61,11 +77,11 @@ class DepthwiseSeparableConv3d(nn.Sequential):
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int,
                  mid: tuple[nn.Module, nn.Module] | None) -> None:
-        parts = OrderedDict(depthwise=nn.Conv3d(in_channels, in_channels, kernel_size, stride, kernel_size // 2,
+        parts = OrderedDict(depthwise=Conv3d(in_channels, in_channels, kernel_size, stride, kernel_size // 2,
                                                 groups=in_channels, bias=False))
         if mid is not None:
             parts["norm"], parts["act"] = mid
-        parts["pointwise"] = nn.Conv3d(in_channels, out_channels, 1, bias=False)
+        parts["pointwise"] = Conv3d(in_channels, out_channels, 1, bias=False)
         super().__init__(parts)
 
 
@@ -127,7 +143,7 @@ class Layers:
         if kernel_size > 1 and self.dsconv:
             mid = (self.norm(in_channels), self.act(in_channels)) if self.dsconv_mid_norm else None
             return DepthwiseSeparableConv3d(in_channels, out_channels, kernel_size, stride, mid)
-        return nn.Conv3d(in_channels, out_channels, kernel_size, stride, kernel_size // 2, bias=False)
+        return Conv3d(in_channels, out_channels, kernel_size, stride, kernel_size // 2, bias=False)
 
     def stem(self, in_channels: int, out_channels: int, stem: Stem) -> nn.Sequential:
         """``small``: 3^3 conv stride 1, norm, act. ``standard``: 7^3 conv stride 2, norm, act, 3^3 max-pool stride 2.
@@ -135,7 +151,7 @@ class Layers:
         The stem conv is always dense. ``stem`` must be resolved already (:func:`resolve_stem`).
         """
         kernel_size, stride = {Stem.small: (3, 1), Stem.standard: (7, 2)}[stem]
-        parts = OrderedDict(conv=nn.Conv3d(in_channels, out_channels, kernel_size, stride, kernel_size // 2,
+        parts = OrderedDict(conv=Conv3d(in_channels, out_channels, kernel_size, stride, kernel_size // 2,
                                            bias=False),
                             norm=self.norm(out_channels), act=self.act(out_channels))
         if stem is Stem.standard:

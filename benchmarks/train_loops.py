@@ -64,11 +64,12 @@ LR = 1e-3  # medsweep's default Adam learning rate, used by every variant
 VARIANTS = ("plain", "monai", "medsweep")
 # The medsweep switches --sweep-best flips, one at a time, away from their defaults.
 SWITCHES = ("channels_last=true", "data.loader=dataloader", "model.inplace_act=false", "compile=true",
-            "non_blocking=false", "amp=true")
+            "non_blocking=false", "amp=true", "optim.fused=true")
 MIN_GAIN = 1.05  # a flip counts as faster than the defaults from this speed-up on (noise guard)
 # The fastest medsweep overrides per model, found with --sweep-best on an AMD EPYC with avx512_bf16 (2 threads,
-# torch 2.13.0; docs/benchmarks.md): bf16 autocast alone; the other switches moved the step time by noise only.
-BEST = {"resnet18": ("amp=true",), "densenet121": ("amp=true",)}
+# torch 2.13.0; docs/benchmarks.md): bf16 autocast and the fused optimizer; the other switches moved the step
+# time by noise only.
+BEST = {"resnet18": ("amp=true", "optim.fused=true"), "densenet121": ("amp=true", "optim.fused=true")}
 
 
 @dataclass

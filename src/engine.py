@@ -65,9 +65,9 @@ class Precision:
 def build_optimizer(cfg: OptimConfig, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
     if cfg.name is OptimName.sgd:
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
-                               weight_decay=cfg.weight_decay)
+                               weight_decay=cfg.weight_decay, fused=cfg.fused)
     optimizer = torch.optim.AdamW if cfg.name is OptimName.adamw else torch.optim.Adam
-    return optimizer(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    return optimizer(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, fused=cfg.fused)
 
 
 def build_scheduler(cfg: SchedConfig, optimizer: torch.optim.Optimizer, epochs: int,

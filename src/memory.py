@@ -215,7 +215,10 @@ def step_temporaries(cfg: OptimConfig, device: torch.device, fp: Footprint) -> i
     CUDA runs the foreach kernels over all parameters at once: one parameter-sized list (Adam's
     ``sqrt(v)``; SGD's weight-decayed gradients). CPU loops over parameters, so only the largest counts:
     Adam's ``sqrt(v)`` and its quotient, plus the L2-decayed gradient; SGD's decayed and Nesterov gradients.
+    The fused kernels (``optim.fused``) update in place and need none.
     """
+    if cfg.fused:
+        return 0
     decay = cfg.weight_decay != 0
     if device.type == "cuda":
         return fp.params * (decay if cfg.name is OptimName.sgd else 1)

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from src.data import load_splits, make_loader, to_input
-from src.engine import Trainer, medmnist_metrics, resolve_amp_dtype
+from src.engine import Trainer, build_optimizer, medmnist_metrics, resolve_amp_dtype
 from src.errors import UsageError
 from tests.conftest import compose_config
 
@@ -109,3 +109,23 @@ def test_bf16_autocast_trains_on_cpu(shared_data):
     trainer = trainer_for("amp=true", "limit_batches=2", "batch_size=4", data_root=shared_data)
     metrics = trainer.train_epoch(0)
     assert not trainer.precision.scaler.is_enabled() and np.isfinite(metrics["train/loss"])
+
+
+@pytest.mark.parametrize("name", ["adam", "adamw", "sgd"])
+def test_fused_optimizer_takes_the_per_parameter_loops_steps(name):
+    """``optim.fused=true`` is torch's fused kernel: the loop's update, to float rounding."""
+    trained = []
+    for fused in (False, True):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Conv3d(1, 4, 3), nn.Flatten(), nn.Linear(4 * 6**3, 3))
+        cfg = OmegaConf.to_object(compose_config(f"optim={name}", f"optim.fused={str(fused).lower()}")).optim
+        optimizer = build_optimizer(cfg, model.parameters())
+        assert optimizer.defaults["fused"] is fused
+        for step in range(3):
+            torch.manual_seed(step)
+            for p in model.parameters():
+                p.grad = torch.randn_like(p)
+            optimizer.step()
+        trained.append(list(model.parameters()))
+    for loop, fused in zip(*trained):
+        torch.testing.assert_close(fused, loop, rtol=1e-6, atol=1e-7)

@@ -193,7 +193,7 @@ def test_forward_backward_reaches_every_parameter(name, size, stem, dsconv, turn
 
 
 # (C_in, C_out, kernel, stride, map): shapes where torch 2.13's oneDNN returns a wrong bf16 weight gradient on
-# avx512_bf16 CPUs (relative error 0.9-1e37, sometimes heap corruption; docs/benchmarks.md)
+# avx512_bf16 CPUs when the conv pads itself (relative error 0.9-1e37, sometimes heap corruption; docs/benchmarks.md)
 ONEDNN_BF16_FAULTS = [(32, 32, 3, 1, (2, 2, 2)), (128, 32, 3, 1, (2, 4, 4)), (64, 128, 3, 2, (4, 1, 6)),
                       (1, 32, 3, 1, (2, 6, 6))]
 
@@ -209,18 +209,21 @@ def autocast_weight_grad(conv: nn.Conv3d, x: torch.Tensor) -> tuple[torch.Tensor
 
 
 @pytest.mark.parametrize("in_channels,out_channels,kernel,stride,shape", ONEDNN_BF16_FAULTS)
-def test_conv_leaves_cpu_autocast_on_maps_no_larger_than_its_kernel(in_channels, out_channels, kernel, stride, shape):
+def test_bf16_weight_gradient_is_right_on_maps_no_larger_than_the_kernel(in_channels, out_channels, kernel, stride,
+                                                                         shape):
     torch.manual_seed(0)
     conv = Conv3d(in_channels, out_channels, kernel, stride, kernel // 2, bias=False)
     out, error = autocast_weight_grad(conv, torch.randn(2, in_channels, *shape))
-    assert out.dtype == torch.float32 and error < 1e-5
+    assert out.dtype == torch.bfloat16 and error < 0.02  # bf16 rounding: 0.3% here; the fault: 0.9 and up
 
 
-def test_conv_keeps_bf16_on_larger_maps():
+def test_explicit_padding_gives_the_same_conv():
     torch.manual_seed(0)
-    conv = Conv3d(32, 32, 3, 1, 1, bias=False)
-    out, error = autocast_weight_grad(conv, torch.randn(2, 32, 4, 8, 8))
-    assert out.dtype == torch.bfloat16 and error < 0.02
+    conv = Conv3d(8, 16, (3, 1, 5), 2, (1, 0, 2), bias=True).double()
+    x = torch.randn(2, 8, 2, 5, 3, dtype=torch.float64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast leaves float64 alone: only the padding differs
+        padded = conv(x)
+    torch.testing.assert_close(padded, F.conv3d(x, conv.weight, conv.bias, 2, (1, 0, 2)))
 
 
 @pytest.mark.parametrize("dsconv", [False, True], ids=["dense", "dsconv"])

@@ -53,18 +53,18 @@ def activation_gain(activation: Activation) -> float:
 
 
 class Conv3d(nn.Conv3d):
-    """``nn.Conv3d`` that leaves CPU autocast (runs fp32) on maps no larger than its kernel in some dim.
+    """``nn.Conv3d`` that zero-pads explicitly under CPU autocast on maps no larger than its kernel in some dim.
 
-    PyTorch 2.13's CPU build (oneDNN 3.12) computes the bf16 weight gradient of such convs wrongly, up to
-    inf/NaN and heap corruption: 3^3 convs on maps 2 deep, 7^3 stride-2 convs on maps under 7 (measured in
-    docs/benchmarks.md, "bf16 weight gradients on CPU"). They are a model's deepest, tiniest convs, so fp32
-    costs next to nothing.
+    PyTorch 2.13's CPU build (oneDNN 3.12) computes the bf16 weight gradient of such convs wrongly when the
+    kernel pads them itself, up to inf/NaN and heap corruption: 3^3 convs on maps 2 deep, 7^3 stride-2 convs
+    on maps under 7 (docs/benchmarks.md, "bf16 weight gradients on CPU"). The same conv on the padded map with
+    no padding of its own is right, and stays in bf16.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type == "cpu" and torch.is_autocast_enabled("cpu") and min(x.shape[2:]) <= max(self.kernel_size):
-            with torch.autocast("cpu", enabled=False):
-                return super().forward(x.float())
+            padded = F.pad(x, [p for p in reversed(self.padding) for _ in range(2)])
+            return F.conv3d(padded, self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
         return super().forward(x)
 
 

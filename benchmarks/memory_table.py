@@ -63,7 +63,7 @@ def run_cell(overrides: list[str]) -> dict:
     from src.engine import Trainer, resolve_device
     from src.memory import predict
     from src.models import build_model
-    from src.train import flops_per_sample, seed_everything, wrap
+    from src.rank_setup import flops_per_sample, seed_everything, wrap
 
     schema.register()
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
@@ -82,7 +82,8 @@ def run_cell(overrides: list[str]) -> dict:
     logged = []
     trainer.fit(lambda metrics, step: logged.append(metrics))
     last = [metrics for metrics in logged if "mem/peak_mb" in metrics][-1]
-    return {"prediction": dataclasses.asdict(prediction), "measured_mb": last["mem/peak_mb"]}
+    return {"prediction": dataclasses.asdict(prediction), "measured_mb": last["mem/peak_mb"],
+            "perf": {key: value for key, value in last.items() if key.startswith("perf/")}}
 
 
 def row(overrides: list[str], result: dict) -> str:

@@ -12,7 +12,6 @@ import functools
 import json
 import logging
 import os
-import random
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,6 @@ from typing import Iterator, NoReturn
 
 import hydra
 import mlflow
-import numpy as np
 import torch
 import torch.multiprocessing as mp
 from hydra.core.hydra_config import HydraConfig
@@ -37,7 +35,7 @@ from src.engine import Trainer, resolve_amp_dtype, resolve_device
 from src.errors import UsageError
 from src.memory import predict
 from src.models import MODELS, build_model
-from src.models.profile import train_flops
+from src.rank_setup import flops_per_sample, seed_everything, wrap
 from src.preemption import EXIT_PREEMPTED, Preempted, PreemptedExit, Preemption
 from src.rerun import rerun_config
 from src.tracking import (SKIPPED_TAG, RunLogger, best_metric, config_hash, ensure_store, environment_tags,
@@ -60,21 +58,6 @@ class Job:
     gpus: tuple[int, ...] = ()  # devices of an in-process rank; spawned ranks use cuda:<local rank>
     resume_from: Path | None = None  # the checkpoint every rank loads before training
     checkpoint_meta: dict = dataclasses.field(default_factory=dict)  # saved with each checkpoint (run id, config)
-
-
-def seed_everything(cfg: schema.Config, ranks_on_node: int = 1) -> int:
-    """Seed Python, NumPy and torch, fix this rank's thread count, and enforce determinism when asked."""
-    threads = cfg.num_threads or max(1, len(os.sched_getaffinity(0)) // ranks_on_node)
-    torch.set_num_threads(threads)
-    random.seed(cfg.seed)
-    np.random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    if cfg.deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.deterministic = cfg.deterministic
-    torch.backends.cudnn.benchmark = cfg.cudnn_benchmark and not cfg.deterministic
-    return threads
 
 
 def validate(cfg: DictConfig) -> tuple[schema.Config, torch.device]:
@@ -102,27 +85,6 @@ def check_split_sizes(cfg: schema.Config, world: int) -> None:
     if need > have:
         raise UsageError(f"batch_size x accumulate x ranks = {need} exceeds the {have} training samples of "
                          f"{cfg.data.name}: lower batch_size or accumulate")
-
-
-def wrap(model: torch.nn.Module, cfg: schema.Config, device: torch.device, rank: dist.Rank,
-         gpus: tuple[int, ...]) -> torch.nn.Module:
-    """DDP (with SyncBatchNorm when asked) for several ranks, DataParallel for ``parallel=dp``."""
-    if rank.world > 1:
-        if cfg.parallel.sync_bn:
-            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        return torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
-    if cfg.parallel.mode is ParallelMode.dp:
-        return torch.nn.DataParallel(model, device_ids=list(gpus))
-    return model
-
-
-def flops_per_sample(cfg: schema.Config) -> float:
-    """Training FLOPs (forward and backward, recomputation not counted) per sample, counted on the meta device."""
-    shape = (2, cfg.data.in_channels, *[cfg.data.size] * 3)  # batch 2: BatchNorm trains on 1^3 maps
-    with torch.device("meta"):
-        model = build_model(dataclasses.replace(cfg.model, checkpointing=False), cfg.data.in_channels,
-                            cfg.data.num_classes, cfg.data.size).train()
-        return train_flops(model, torch.empty(shape)) / shape[0]
 
 
 def run_rank(job: Job, rank: dist.Rank, init_method: str = "env://",

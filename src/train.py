@@ -35,8 +35,8 @@ from src.engine import Trainer, resolve_amp_dtype, resolve_device
 from src.errors import UsageError
 from src.memory import predict
 from src.models import MODELS, build_model
-from src.rank_setup import flops_per_sample, seed_everything, wrap
 from src.preemption import EXIT_PREEMPTED, Preempted, PreemptedExit, Preemption
+from src.rank_setup import flops_per_sample, seed_everything, wrap
 from src.rerun import rerun_config
 from src.tracking import (SKIPPED_TAG, RunLogger, best_metric, config_hash, ensure_store, environment_tags,
                           finished_run, flatten, read_parent_id, tracking_uri)

@@ -78,7 +78,7 @@ class DepthwiseSeparableConv3d(nn.Sequential):
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int,
                  mid: tuple[nn.Module, nn.Module] | None) -> None:
         parts = OrderedDict(depthwise=Conv3d(in_channels, in_channels, kernel_size, stride, kernel_size // 2,
-                                                groups=in_channels, bias=False))
+                                             groups=in_channels, bias=False))
         if mid is not None:
             parts["norm"], parts["act"] = mid
         parts["pointwise"] = Conv3d(in_channels, out_channels, 1, bias=False)
@@ -152,7 +152,7 @@ class Layers:
         """
         kernel_size, stride = {Stem.small: (3, 1), Stem.standard: (7, 2)}[stem]
         parts = OrderedDict(conv=Conv3d(in_channels, out_channels, kernel_size, stride, kernel_size // 2,
-                                           bias=False),
+                                        bias=False),
                             norm=self.norm(out_channels), act=self.act(out_channels))
         if stem is Stem.standard:
             parts["pool"] = nn.MaxPool3d(3, 2, 1)

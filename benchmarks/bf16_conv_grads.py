@@ -29,18 +29,23 @@ ZOO_SHAPES = [(1, 64, 7, 2, (28, 28, 28)), (64, 64, 3, 1, (7, 7, 7)), (128, 128,
 SCAN_CONVS = [(32, 32, 3, 1), (128, 32, 3, 1), (64, 128, 3, 2), (32, 32, 1, 1), (1, 32, 3, 1)]
 
 
-def relative_error(conv_type: type[nn.Conv3d], in_channels: int, out_channels: int, kernel: int, stride: int,
-                   shape: tuple[int, int, int], batch: int = 2) -> float:
-    """``|g - g64| / |g64|`` of the weight gradient under ``torch.autocast("cpu", bfloat16)``."""
-    torch.manual_seed(0)
-    conv = conv_type(in_channels, out_channels, kernel, stride, kernel // 2, bias=False)
-    x = torch.randn(batch, in_channels, *shape)
+def autocast_weight_grad(conv: nn.Conv3d, x: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """The conv's output under ``torch.autocast("cpu", bfloat16)`` and its weight gradient's ``|g - g64| / |g64|``
+    against the float64 reference, for a random output gradient."""
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = conv(x)
     grad = torch.randn(out.shape)
     out.float().backward(grad)
     reference = torch.nn.grad.conv3d_weight(x.double(), conv.weight.shape, grad.double(), conv.stride, conv.padding)
-    return ((conv.weight.grad.double() - reference).norm() / reference.norm()).item()
+    return out, ((conv.weight.grad.double() - reference).norm() / reference.norm()).item()
+
+
+def relative_error(conv_type: type[nn.Conv3d], in_channels: int, out_channels: int, kernel: int, stride: int,
+                   shape: tuple[int, int, int], batch: int = 2) -> float:
+    """:func:`autocast_weight_grad`'s error for a seeded conv of ``conv_type`` on a random batch."""
+    torch.manual_seed(0)
+    conv = conv_type(in_channels, out_channels, kernel, stride, kernel // 2, bias=False)
+    return autocast_weight_grad(conv, torch.randn(batch, in_channels, *shape))[1]
 
 
 def in_child(*args) -> float:

@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
+from benchmarks.bf16_conv_grads import autocast_weight_grad
 from src.config import Activation, Init, InitMode, ModelConfig, Norm, Shortcut, Stem
 from src.models import MODELS, build_model
 from src.models import densenet3d
@@ -196,16 +197,6 @@ def test_forward_backward_reaches_every_parameter(name, size, stem, dsconv, turn
 # avx512_bf16 CPUs when the conv pads itself (relative error 0.9-1e37, sometimes heap corruption; docs/benchmarks.md)
 ONEDNN_BF16_FAULTS = [(32, 32, 3, 1, (2, 2, 2)), (128, 32, 3, 1, (2, 4, 4)), (64, 128, 3, 2, (4, 1, 6)),
                       (1, 32, 3, 1, (2, 6, 6))]
-
-
-def autocast_weight_grad(conv: nn.Conv3d, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The conv's output under CPU bf16 autocast, and its weight gradient against the float64 reference."""
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = conv(x)
-    grad = torch.randn(out.shape)
-    out.float().backward(grad)
-    reference = torch.nn.grad.conv3d_weight(x.double(), conv.weight.shape, grad.double(), conv.stride, conv.padding)
-    return out, ((conv.weight.grad.double() - reference).norm() / reference.norm()).item()
 
 
 @pytest.mark.parametrize("in_channels,out_channels,kernel,stride,shape", ONEDNN_BF16_FAULTS)

@@ -137,6 +137,41 @@ class DataConfig:
 
 
 @dataclass
+class AugConfig:
+    """Training-time augmentation, batched on the training device and seeded per step; never on val/test.
+
+    ``flip``: each axis mirrored with probability 1/2, per sample. ``rot90``: a multiple of 90 degrees in each of
+    the three planes, per sample. ``affine``: rotation up to ``affine_degrees`` about each axis, isotropic scale
+    in 1 +- ``affine_scale``, shift up to ``affine_translate`` of the side (trilinear, zero outside), applied to a
+    sample with probability ``affine_p``. ``intensity``: contrast x(1 +- ``intensity_scale``), brightness
+    +- ``intensity_shift`` (on the [-1, 1] scale), Gaussian noise of std ``noise_std``.
+    """
+
+    name: str = "none"
+    flip: bool = False
+    rot90: bool = False
+    affine: bool = False
+    affine_p: float = 1.0
+    affine_degrees: float = 15.0
+    affine_scale: float = 0.1
+    affine_translate: float = 0.1
+    intensity: bool = False
+    intensity_scale: float = 0.1
+    intensity_shift: float = 0.1
+    noise_std: float = 0.0
+
+    def __post_init__(self) -> None:
+        for key in ("affine_degrees", "affine_scale", "affine_translate", "intensity_scale", "intensity_shift",
+                    "noise_std"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"aug.{key}={getattr(self, key)} must be >= 0")
+        if not 0 <= self.affine_p <= 1:
+            raise ValueError(f"aug.affine_p={self.affine_p} must be in [0, 1]")
+        if self.affine_scale >= 1:
+            raise ValueError(f"aug.affine_scale={self.affine_scale} must be < 1 (scale 1 +- affine_scale)")
+
+
+@dataclass
 class OptimConfig:
     name: OptimName = OptimName.adam
     lr: float = 1e-3
@@ -200,6 +235,7 @@ class Config:
     optim: OptimConfig = MISSING
     sched: SchedConfig = MISSING
     parallel: ParallelConfig = MISSING
+    aug: AugConfig = MISSING
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     amp: bool = False
@@ -215,6 +251,10 @@ class Config:
     device: Device = Device.auto
     num_threads: Optional[int] = None  # null: all cores of this process's affinity
     grad_clip: Optional[float] = None
+    class_weights: bool = False  # cross-entropy weighted n / (classes x n_class) from the training labels
+    label_smoothing: float = 0.0
+    early_stop_patience: Optional[int] = None  # stop after this many epochs without a better val/auc
+    warmup_epochs: int = 0  # linear learning-rate warm-up from lr/10 (before the schedule)
     channels_last: bool = False
     cudnn_benchmark: bool = False
     compile: bool = False  # torch.compile the model
@@ -244,6 +284,12 @@ class Config:
             raise ValueError(f"num_threads={self.num_threads} must be >= 1 or null")
         if self.effective_batch_size is not None and self.effective_batch_size < 1:
             raise ValueError(f"effective_batch_size={self.effective_batch_size} must be >= 1 or null")
+        if not 0 <= self.label_smoothing < 1:
+            raise ValueError(f"label_smoothing={self.label_smoothing} must be in [0, 1)")
+        if self.early_stop_patience is not None and self.early_stop_patience < 1:
+            raise ValueError(f"early_stop_patience={self.early_stop_patience} must be >= 1 or null")
+        if not 0 <= self.warmup_epochs < self.epochs:
+            raise ValueError(f"warmup_epochs={self.warmup_epochs} must be >= 0 and < epochs={self.epochs}")
         if self.grad_clip is not None and self.grad_clip <= 0:
             raise ValueError(f"grad_clip={self.grad_clip} must be > 0 or null")
 
@@ -261,6 +307,11 @@ class ReportConfig:
     sweep: Optional[str] = None  # a sweep folder (it holds the parent run id)
     parent: Optional[str] = None  # a sweep's parent run id
     out: Optional[str] = None  # null: <sweep folder>/report, else reports/<parent run id or experiment>
+    margin: float = 0.01  # test-AUC loss a switch may cost and still be judged "no loss"
+
+    def __post_init__(self) -> None:
+        if self.margin < 0:
+            raise ValueError(f"margin={self.margin} must be >= 0 (an AUC difference)")
 
 
 def register() -> None:

@@ -197,6 +197,11 @@ class TensorLoader:
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
 
+def train_labels(loader: TensorLoader | DataLoader) -> torch.Tensor:
+    """Every label of the loader's split (all ranks' shards), as loaded."""
+    return loader.labels if isinstance(loader, TensorLoader) else loader.dataset.tensors[1]
+
+
 def make_loader(cfg: DataConfig, split: tuple[torch.Tensor, torch.Tensor], batch_size: int, seed: int,
                 train: bool, device: torch.device, rank: int = 0, world: int = 1) -> TensorLoader | DataLoader:
     """A loader yielding uint8 image batches and labels; training order is seeded, sharded over ``world``

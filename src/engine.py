@@ -22,8 +22,10 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from src import checkpoint
+from src.augment import Augment, step_generator
+from src.clinical import clinical_metrics
 from src.config import AmpDtype, Config, Device, OptimConfig, OptimName, SchedConfig, SchedName
-from src.data import to_input
+from src.data import to_input, train_labels
 from src.dist import Rank, all_reduce, gather
 from src.errors import UsageError
 from src.measure import MemoryMonitor, ThroughputMeter, peak_flops
@@ -40,10 +42,19 @@ def resolve_device(cfg: Config) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
+def cpu_has_fast_bf16() -> bool:
+    """Whether oneDNN runs bf16 convolutions natively here (avx512_bf16 / AMX); otherwise torch falls back to a
+    reference kernel ~100x slower than float32 (measured on an AVX2-only AMD EPYC: docs/benchmarks.md)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def resolve_amp_dtype(cfg: Config, device: torch.device) -> torch.dtype:
-    """``auto``: float16 on CUDA, bfloat16 on CPU. float16 on CPU is refused (no fp16 units, ~50x slower)."""
+    """``auto``: float16 on CUDA; on CPU bfloat16 where it is native, else float32 (autocast would only slow
+    the run down). float16 on CPU is refused (no fp16 units, ~50x slower)."""
     if cfg.amp_dtype is AmpDtype.auto:
-        return torch.float16 if device.type == "cuda" else torch.bfloat16
+        if device.type == "cuda":
+            return torch.float16
+        return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
     if cfg.amp_dtype is AmpDtype.float16 and device.type != "cuda":
         raise UsageError("amp_dtype=float16 needs a CUDA device (this run is on cpu): use amp_dtype=bfloat16 or auto")
     return getattr(torch, cfg.amp_dtype.value)
@@ -58,6 +69,7 @@ class Precision:
 
     @classmethod
     def build(cls, enabled: bool, dtype: torch.dtype, device: torch.device) -> "Precision":
+        enabled = enabled and dtype != torch.float32
         return cls(lambda: torch.autocast(device.type, dtype=dtype, enabled=enabled),
                    torch.amp.GradScaler(device.type, enabled=enabled and dtype == torch.float16))
 
@@ -70,9 +82,23 @@ def build_optimizer(cfg: OptimConfig, params: Iterable[torch.nn.Parameter]) -> t
     return optimizer(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, fused=cfg.fused)
 
 
-def build_scheduler(cfg: SchedConfig, optimizer: torch.optim.Optimizer, epochs: int,
-                    steps_per_epoch: int) -> tuple[torch.optim.lr_scheduler.LRScheduler | None, bool]:
-    """The schedule and whether it steps per optimizer step (cyclic) rather than per epoch."""
+def build_scheduler(cfg: SchedConfig, optimizer: torch.optim.Optimizer, epochs: int, steps_per_epoch: int,
+                    warmup_epochs: int = 0) -> tuple[torch.optim.lr_scheduler.LRScheduler | None, bool]:
+    """The schedule and whether it steps per optimizer step (cyclic) rather than per epoch. ``warmup_epochs``
+    multiplies the learning rate by a factor rising linearly from 0.1 to 1 over those epochs (per-epoch
+    schedules only)."""
+    scheduler, per_step = epoch_schedule(cfg, optimizer, epochs, steps_per_epoch)
+    if not warmup_epochs:
+        return scheduler, per_step
+    if per_step:
+        raise UsageError(f"warmup_epochs={warmup_epochs} with sched={cfg.name.value}, which steps per optimizer "
+                         f"step: use warmup_epochs=0 or a per-epoch schedule")
+    warmup = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.1, total_iters=warmup_epochs)
+    return torch.optim.lr_scheduler.ChainedScheduler([warmup, *([scheduler] if scheduler else [])]), False
+
+
+def epoch_schedule(cfg: SchedConfig, optimizer: torch.optim.Optimizer, epochs: int,
+                   steps_per_epoch: int) -> tuple[torch.optim.lr_scheduler.LRScheduler | None, bool]:
     if cfg.name is SchedName.multistep:
         milestones = sorted({max(1, round(f * epochs)) for f in cfg.milestones})
         return torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones, gamma=cfg.gamma), False
@@ -84,6 +110,12 @@ def build_scheduler(cfg: SchedConfig, optimizer: torch.optim.Optimizer, epochs: 
         return torch.optim.lr_scheduler.CyclicLR(optimizer, base_lr=cfg.base_lr, max_lr=max_lr, step_size_up=up,
                                                  cycle_momentum="momentum" in optimizer.defaults), True
     return None, False
+
+
+def class_weights(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """``n / (classes x n_c)`` per class (scikit-learn's "balanced"); a class absent from ``labels`` weighs 0."""
+    counts = torch.bincount(labels.cpu(), minlength=num_classes).double()
+    return torch.where(counts > 0, len(labels) / (num_classes * counts.clamp(min=1)), 0.0).float()
 
 
 def medmnist_metrics(labels: np.ndarray, scores: np.ndarray, task: str) -> dict[str, float]:
@@ -122,7 +154,8 @@ class Trainer:
         self.preemption = preemption or Preemption()  # never installed: never requested
         self.epoch, self.step = 0, 0  # the next optimizer step: epoch, and step within it
         self.running: dict[str, list[float]] | None = None  # resumed mid-epoch: every rank's sums so far
-        self.best_auc, self.best_state = -math.inf, None
+        self.best_auc, self.best_state, self.best_epoch = -math.inf, None, 0  # best_epoch: epochs trained then
+        self.test_predictions: tuple[np.ndarray, np.ndarray] | None = None  # labels and scores of the test split
         self.last_metrics: dict[str, float] | None = None  # the last finished epoch's
         self.elapsed_s, self._start = 0.0, time.perf_counter()
         self.memory_format = torch.channels_last_3d if cfg.channels_last else torch.contiguous_format
@@ -140,13 +173,30 @@ class Trainer:
         micro = len(loaders["train"]) if cfg.limit_batches is None else min(cfg.limit_batches, len(loaders["train"]))
         self.steps_per_epoch = max(1, micro // cfg.accumulate)
         self.scheduler, self.sched_per_step = build_scheduler(cfg.sched, self.optimizer, cfg.epochs,
-                                                              self.steps_per_epoch)
+                                                              self.steps_per_epoch, cfg.warmup_epochs)
+        weight = class_weights(train_labels(loaders["train"]), cfg.data.num_classes) if cfg.class_weights else None
+        self.loss_weight = None if weight is None else weight.to(device)
+        self.augment = Augment(cfg.aug)
         self.meter = ThroughputMeter(device)
         self.memory = MemoryMonitor(device)
 
-    def _batch(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _batch(self, batch: tuple[torch.Tensor, torch.Tensor],
+               generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A loader batch on the device as model input; augmented (training) when given the step's generator."""
         images, labels = (t.to(self.device, non_blocking=self.cfg.non_blocking) for t in batch)
-        return to_input(images).contiguous(memory_format=self.memory_format), labels
+        images = to_input(images)
+        if generator is not None:
+            images = self.augment(images, generator)
+        return images.contiguous(memory_format=self.memory_format), labels
+
+    def _train_batch(self, batch: tuple[torch.Tensor, torch.Tensor], epoch: int,
+                     micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The augmentation stream is a pure function of (seed, epoch, micro-step, rank): reruns and resumed
+        runs draw the same transforms with no state to save."""
+        if not self.augment.enabled:
+            return self._batch(batch)
+        generator = step_generator(self.device, self.cfg.seed, epoch, micro_step, self.rank.rank)
+        return self._batch(batch, generator)
 
     def _micro_step(self, images: torch.Tensor, labels: torch.Tensor,
                     sync: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,7 +207,7 @@ class Trainer:
         no_sync = not sync and isinstance(self.model, DistributedDataParallel)
         with self.model.no_sync() if no_sync else contextlib.nullcontext(), self.precision.autocast():
             logits = self.model(images)
-            loss = F.cross_entropy(logits, labels)
+            loss = F.cross_entropy(logits, labels, weight=self.loss_weight, label_smoothing=self.cfg.label_smoothing)
             self.precision.scaler.scale(loss / self.cfg.accumulate).backward()
         return loss.detach(), (logits.argmax(1) == labels).sum()
 
@@ -190,10 +240,10 @@ class Trainer:
             if self._stop_requested(step):
                 self._preempt(epoch, step, loss_sum, correct)
             for micro in range(cfg.accumulate):
-                waited = time.perf_counter()
-                batch = next(batches)
+                waited = time.perf_counter()  # fetching, converting and augmenting the batch
+                images, labels = self._train_batch(next(batches), epoch, step * cfg.accumulate + micro)
                 self.meter.data_wait(time.perf_counter() - waited)
-                loss, hits = self._micro_step(*self._batch(batch), sync=micro == cfg.accumulate - 1)
+                loss, hits = self._micro_step(images, labels, sync=micro == cfg.accumulate - 1)
                 loss_sum += loss
                 correct += hits
             self._optimizer_step()
@@ -259,8 +309,8 @@ class Trainer:
         return metrics
 
     @torch.no_grad()
-    def evaluate(self, split: str) -> dict[str, float]:
-        """Loss, ACC and AUC on ``split`` (at most ``limit_batches`` batches)."""
+    def predict(self, split: str) -> tuple[float, np.ndarray, np.ndarray]:
+        """Mean cross-entropy, labels and softmax scores on ``split`` (at most ``limit_batches`` batches)."""
         self.net.eval()
         loss_sum, scores, labels = torch.zeros((), device=self.device), [], []
         for i, batch in enumerate(self.loaders[split]):
@@ -273,9 +323,17 @@ class Trainer:
             scores.append(logits.float().softmax(1))
             labels.append(target)
         scores, labels = torch.cat(scores).cpu().numpy(), torch.cat(labels).cpu().numpy()
-        metrics = medmnist_metrics(labels, scores, self.cfg.data.task)
-        return {f"{split}/loss": loss_sum.item() / len(labels), f"{split}/acc": metrics["acc"],
-                f"{split}/auc": metrics["auc"]}
+        return loss_sum.item() / len(labels), labels, scores
+
+    def evaluate(self, split: str) -> dict[str, float]:
+        """Loss, the MedMNIST protocol's ACC and AUC, and :func:`src.clinical.clinical_metrics` on ``split``;
+        the test split's labels and scores are kept in :attr:`test_predictions`."""
+        loss, labels, scores = self.predict(split)
+        if split == "test":
+            self.test_predictions = labels, scores
+        task = self.cfg.data.task
+        metrics = {"loss": loss, **medmnist_metrics(labels, scores, task), **clinical_metrics(labels, scores, task)}
+        return {f"{split}/{k}": v for k, v in metrics.items()}
 
     def fit(self, log_metrics: Callable[[dict[str, float], int], None]) -> dict[str, float]:
         """Train from :attr:`epoch` to ``epochs``, validating each; test the weights with the best validation AUC.
@@ -287,6 +345,8 @@ class Trainer:
         self._start = time.perf_counter() - self.elapsed_s
         self.memory.start()
         for epoch in range(self.epoch, self.cfg.epochs):
+            if self._patience_exhausted():
+                break
             metrics = self.train_epoch(epoch)
             self.epoch = epoch + 1
             if not self.rank.is_main:
@@ -294,6 +354,7 @@ class Trainer:
             metrics.update(self.evaluate("val"))
             if self.best_state is None or metrics["val/auc"] > self.best_auc:
                 self.best_auc, self.best_state = metrics["val/auc"], copy.deepcopy(self.bare.state_dict())
+                self.best_epoch = self.epoch
             self.last_metrics = metrics
             self._save()
             log_metrics(metrics, epoch)
@@ -303,11 +364,21 @@ class Trainer:
             return {}
         self.bare.load_state_dict(self.best_state)
         test = self.evaluate("test")
-        final = {"test/acc": test["test/acc"], "test/auc": test["test/auc"],
-                 "model/params": float(sum(p.numel() for p in self.net.parameters() if p.requires_grad)),
-                 "time/total_s": time.perf_counter() - self._start}
+        del test["test/loss"]
+        final = {**test, "model/params": float(sum(p.numel() for p in self.net.parameters() if p.requires_grad)),
+                 "time/total_s": time.perf_counter() - self._start, "stopped_epoch": float(self.epoch),
+                 "best_epoch": float(self.best_epoch)}
         log_metrics(final, self.cfg.epochs)
         return final
+
+    def _patience_exhausted(self) -> bool:
+        """Early stopping: ``early_stop_patience`` epochs trained since the best validation AUC."""
+        patience = self.cfg.early_stop_patience
+        stop = patience is not None and self.best_state is not None and self.epoch - self.best_epoch >= patience
+        if stop and self.rank.is_main:
+            log.info("early stop after epoch %d: no better val/auc for %d epochs (best at epoch %d)",
+                     self.epoch, patience, self.best_epoch)
+        return stop
 
     def _save(self) -> None:
         if self.checkpoint_to is not None:
@@ -319,7 +390,8 @@ class Trainer:
                 "scaler": self.precision.scaler.state_dict(),
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
                 "rng": checkpoint.rng_state(), "epoch": self.epoch, "step": self.step, "running": self.running,
-                "best_auc": self.best_auc, "best_state": self.best_state, "last_metrics": self.last_metrics,
+                "best_auc": self.best_auc, "best_state": self.best_state, "best_epoch": self.best_epoch,
+                "last_metrics": self.last_metrics,
                 "elapsed_s": time.perf_counter() - self._start}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -332,5 +404,6 @@ class Trainer:
         checkpoint.set_rng_state(state["rng"])
         self.epoch, self.step, self.running = state["epoch"], state["step"], state["running"]
         self.best_auc, self.best_state = state["best_auc"], state["best_state"]
+        self.best_epoch = state.get("best_epoch", self.epoch)  # checkpoints before early stopping lack it
         self.last_metrics = state["last_metrics"]
         self.elapsed_s = state["elapsed_s"]

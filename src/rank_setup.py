@@ -1,5 +1,5 @@
 """What a rank sets up before training, shared by ``src.train`` and the benchmarks: seeds and threads, the
-parallel wrapper, and the training FLOPs that ``perf/mfu`` divides by."""
+parallel wrapper, the training FLOPs that ``perf/mfu`` divides by, and a ready :class:`Trainer`."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,6 +12,8 @@ import torch
 from src import config as schema
 from src import dist
 from src.config import ParallelMode
+from src.data import load_splits, make_loader
+from src.engine import Trainer
 from src.models import build_model
 from src.models.profile import train_flops
 
@@ -50,3 +52,23 @@ def flops_per_sample(cfg: schema.Config) -> float:
         model = build_model(dataclasses.replace(cfg.model, checkpointing=False), cfg.data.in_channels,
                             cfg.data.num_classes, cfg.data.size).train()
         return train_flops(model, torch.empty(shape)) / shape[0]
+
+
+def data_parallel_width(cfg: schema.Config, gpus: tuple[int, ...]) -> int:
+    """How many devices share one loader batch: the GPUs of ``parallel=dp``, else 1."""
+    return len(gpus) if cfg.parallel.mode is ParallelMode.dp else 1
+
+
+def build_trainer(cfg: schema.Config, device: torch.device, rank: dist.Rank = dist.Rank(), gpus: tuple[int, ...] = (),
+                  **trainer_args) -> Trainer:
+    """The model (memory format, torch.compile, parallel wrapper), the loaders and the :class:`Trainer` of one rank
+    (seeded first with :func:`seed_everything`); ``trainer_args`` go to the Trainer."""
+    splits = load_splits(cfg.data)
+    model = build_model(cfg.model, cfg.data.in_channels, cfg.data.num_classes, cfg.data.size)
+    memory_format = torch.channels_last_3d if cfg.channels_last else torch.contiguous_format
+    model = model.to(device, memory_format=memory_format)
+    model = wrap(torch.compile(model) if cfg.compile else model, cfg, device, rank, gpus)
+    width = data_parallel_width(cfg, gpus)
+    loaders = {split: make_loader(cfg.data, tensors, cfg.batch_size * width, cfg.seed, split == "train", device,
+                                  rank.rank, rank.world) for split, tensors in splits.items()}
+    return Trainer(cfg, model, loaders, device, rank, devices=rank.world * width, **trainer_args)

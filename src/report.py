@@ -4,13 +4,14 @@
     python -m src.report parent=<parent run id>                  # a sweep's parent run
     python -m src.report mlflow.experiment=medsweep out=reports/all
 
-Exactly one selector. Writes ``report.md``, ``report.html`` (figures embedded), ``runs.csv``,
+Exactly one selector. Writes ``report.md``, ``report.html`` (figures embedded), ``runs.csv``, ``effects.csv``,
 ``throughput_memory.png`` and ``paired_effects.png`` to ``out`` (default: ``<sweep folder>/report``, else
 ``reports/<parent run id or experiment>``) and logs them to the parent run under ``report/``.
 
 Per run: ``test/*``, ``mem/peak_mb`` (the run's peak) and ``mem/predicted_mb`` as logged; ``val/acc`` and
 ``val/auc`` at the epoch with the best ``val/auc`` (the weights that were tested); ``perf/samples_per_s``
-the mean over epochs. Configurations are the swept params but ``seed``: mean +- std over their seeds.
+the mean over epochs. Configurations are the swept params but ``seed``: mean +- std over their seeds. Each swept
+switch's test-AUC difference over paired runs is judged against ``margin`` (``no loss``, ``loss``, ``inconclusive``).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from src import report_plots
 from src.config import ReportConfig, register
 from src.errors import UsageError
 from src.sweep_analysis import (AUC, MEMORY, SEED, THROUGHPUT, aggregate, comparison, paired_effects, pareto_front,
-                                shown, summarize_effects, swept_columns)
+                                shown, summarize_effects, swept_columns, verdict_text)
 from src.tracking import PARENT_ID_FILE, ensure_store, read_parent_id, store_exists, tracking_uri
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ register()
 METRICS = ["test/acc", AUC, "val/acc", "val/auc", THROUGHPUT, MEMORY, "mem/predicted_mb"]
 BEST_EPOCH = ("val/auc", "val/acc")  # read at the epoch with the best val/auc
 MEAN_OVER_EPOCHS = (THROUGHPUT,)
-FILES = ("report.md", "report.html", "runs.csv", "throughput_memory.png", "paired_effects.png")
+FILES = ("report.md", "report.html", "runs.csv", "effects.csv", "throughput_memory.png", "paired_effects.png")
 DEFINITIONS = ("`val/acc`, `val/auc`: at the epoch with the best `val/auc` (the weights tested); "
                "`perf/samples_per_s`: mean over epochs; `mem/peak_mb`: the run's peak; "
                "`test/*`, `mem/predicted_mb`: as logged.")
@@ -172,19 +173,27 @@ def configurations_table(table: pd.DataFrame, keys: list[str], front) -> pd.Data
     shown_table = shown_params(table, keys)
     shown_table["n"] = table["n"]
     for metric in METRICS:
-        shown_table[metric] = [number(metric, mean) + (f" ± {number(metric, std, mean)}" if n > 1 and not pd.isna(std) else "")
+        shown_table[metric] = [number(metric, mean)
+                               + (f" ± {number(metric, std, mean)}" if n > 1 and not pd.isna(std) else "")
                                for mean, std, n in zip(table[metric], table[f"{metric} std"], table["n"])]
     shown_table["Pareto"] = ["yes" if on else "" for on in front]
     return shown_table
+
+
+def signed(difference: float) -> str:
+    """An AUC difference, ``+0.004``; ``-`` when undefined."""
+    return f"{difference:+.3f}" if np.isfinite(difference) else "-"
 
 
 def effects_table(summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "comparison": [comparison(*row) for row in summary[["param", "value", "baseline"]].itertuples(index=False)],
         "pairs": summary["pairs"],
-        "samples/s": [f"×{r:.2f}" if np.isfinite(r) else "-" for r in summary["throughput_ratio"]],
+        "samples/s": [f"×{r:.2f}" if np.isfinite(r) else "-" for r in summary["speed_ratio"]],
         "peak memory": [f"{(r - 1) * 100:+.0f}%" if np.isfinite(r) else "-" for r in summary["memory_ratio"]],
-        "test AUC": [f"{d:+.3f}" if np.isfinite(d) else "-" for d in summary["auc_diff"]]})
+        "test AUC [95% CI]": [f"{signed(e.dauc_mean)} [{signed(e.dauc_lo)}, {signed(e.dauc_hi)}]"
+                              for e in summary.itertuples()],
+        "verdict": [verdict_text(e) for e in summary.itertuples()]})
 
 
 def runs_table(frame: pd.DataFrame, keys: list[str], metrics: list[str]) -> pd.DataFrame:
@@ -198,7 +207,8 @@ def markdown_table(table: pd.DataFrame) -> str:
     def row(cells) -> str:
         return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
 
-    return "\n".join([row(table.columns), row(["---"] * len(table.columns)), *(row(r) for r in table.itertuples(index=False))])
+    return "\n".join([row(table.columns), row(["---"] * len(table.columns)),
+                      *(row(r) for r in table.itertuples(index=False))])
 
 
 def render_markdown(title: str, sections: list[Section]) -> str:
@@ -227,17 +237,18 @@ def render_html(title: str, sections: list[Section], folder: Path) -> str:
             f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
 
 
-def write_report(frame: pd.DataFrame, selection: Selection, uri: str, out: Path) -> list[Path]:
-    """Tables and figures of ``frame`` into ``out``; returns the files written."""
+def write_report(frame: pd.DataFrame, selection: Selection, uri: str, out: Path, margin: float) -> list[Path]:
+    """Tables and figures of ``frame`` into ``out``, test-AUC differences judged against ``margin``; returns the
+    files written."""
     finished = frame[frame["status"] == "FINISHED"].reset_index(drop=True)
     others = frame[frame["status"] != "FINISHED"].reset_index(drop=True)
     params = [c for c in frame.columns if c not in ("run_id", "status", *METRICS)]
     swept = swept_columns(frame[params])
     keys = [k for k in swept if k != SEED]
     table = aggregate(finished, keys, METRICS)
-    front = pareto_front(table[THROUGHPUT], table[MEMORY])
+    front = pareto_front(table[THROUGHPUT], table[MEMORY], table[AUC])
     found = paired_effects(finished, swept)
-    summary = summarize_effects(found)
+    summary = summarize_effects(found, margin)
     out.mkdir(parents=True, exist_ok=True)
     title = f"Report: {selection.label}"
     report_plots.throughput_memory(table, keys, front, f"Throughput vs peak memory: {selection.label}",
@@ -247,23 +258,30 @@ def write_report(frame: pd.DataFrame, selection: Selection, uri: str, out: Path)
         Section("", f"Finished runs: {len(finished)}, not finished: {len(others)}, of {selection.label} in {uri}"
                     f"{f' (parent run {selection.parent_id})' if selection.parent_id else ''}; swept: "
                     f"{', '.join(f'`{k}`' for k in swept) or 'nothing'}; written {datetime.now():%Y-%m-%d %H:%M}."),
-        Section("Configurations", f"{seeds} Pareto: no configuration is faster with less peak memory.",
+        Section("Configurations", f"{seeds} Pareto: no other configuration is at least as fast (samples/s), as "
+                                  f"small (peak memory) and as accurate (test AUC; a missing one counts as worst), "
+                                  f"and better in one of the three.",
                 configurations_table(table, keys, front), "throughput_memory.png")]
     if summary.empty:
         (out / "paired_effects.png").unlink(missing_ok=True)  # an earlier report's
         sections.append(Section("Paired effects", "No two finished runs differ in only one swept parameter."))
     else:
-        report_plots.paired_effects(found, summary, f"Paired effects: {selection.label}", out / "paired_effects.png")
+        report_plots.paired_effects(found, summary, margin, f"Paired effects: {selection.label}",
+                                    out / "paired_effects.png")
         sections.append(Section(
             "Paired effects",
             "Each switch against its baseline value, over the pairs of finished runs equal in every other swept "
-            "parameter (seed included): samples/s and peak memory as geometric-mean ratios, test AUC as the mean "
-            "difference.", effects_table(summary), "paired_effects.png"))
+            "parameter (seed included; each new seed adds one pair per combination of the others): samples/s and "
+            "peak memory as geometric-mean ratios, test AUC as the mean difference with its 95% Student-t interval. "
+            f"Verdict against a margin of {margin:g} AUC (config key `margin`): `no loss` when the whole interval "
+            f"lies above -{margin:g}, `loss` when it lies below, else `inconclusive`, with the pairs that would "
+            "likely settle it if mean and spread held.", effects_table(summary), "paired_effects.png"))
     sections.append(Section("Finished runs", DEFINITIONS, runs_table(finished, swept, METRICS)))
     if len(others):
         sections.append(Section("Not finished", "Failed, killed or still running; memory as far as logged.",
                                 runs_table(others, swept, [MEMORY, "mem/predicted_mb"])))
     frame.to_csv(out / "runs.csv", index=False)
+    summary.to_csv(out / "effects.csv", index=False)
     (out / "report.md").write_text(render_markdown(title, sections))
     (out / "report.html").write_text(render_html(title, sections, out))
     return [out / name for name in FILES if (out / name).exists()]
@@ -286,14 +304,15 @@ def report(cfg: ReportConfig) -> Path:
         raise UsageError(f"{selection.label} has no FINISHED run ({', '.join(sorted(set(frame['status'])))}): "
                          f"nothing to compare; wait for the sweep or rerun its jobs")
     out = Path(cfg.out).expanduser() if cfg.out else selection.out
-    files = write_report(frame, selection, uri, out)
+    files = write_report(frame, selection, uri, out, cfg.margin)
     log.info("report of %d runs (%s): %s", len(frame), selection.label, ", ".join(str(f) for f in files))
     if selection.parent_id:
         for path in files:
             client.log_artifact(selection.parent_id, str(path), "report")
         log.info("logged to parent run %s under report/ in %s", selection.parent_id, uri)
     else:
-        log.info("mlflow.experiment=%s selects no parent run: the report is not logged to MLflow", cfg.mlflow.experiment)
+        log.info("mlflow.experiment=%s selects no parent run: the report is not logged to MLflow",
+                 cfg.mlflow.experiment)
     return out
 
 

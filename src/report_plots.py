@@ -13,7 +13,7 @@ from matplotlib import ticker  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.transforms import Bbox  # noqa: E402
 
-from src.sweep_analysis import AUC, MEMORY, THROUGHPUT, comparison, short_name, shown  # noqa: E402
+from src.sweep_analysis import AUC, MEMORY, THROUGHPUT, comparison, short_name, shown, verdict_text  # noqa: E402
 
 ANNOTATE_ALL_UP_TO = 12  # more configurations than this: only the Pareto front is labelled
 DPI = 150
@@ -27,7 +27,8 @@ def config_label(row: pd.Series, keys: list[str]) -> str:
 
 def throughput_memory(table: pd.DataFrame, keys: list[str], front: np.ndarray, title: str, path: Path) -> None:
     """Samples/s against peak MiB per configuration (means over seeds, std as error bars), coloured by test
-    AUC, with the Pareto front (fastest for its memory) joined and ringed."""
+    AUC, the Pareto front over all three (``front``) ringed: a staircase through speed and memory alone would
+    leave out accurate configurations that are slower or larger."""
     fig, ax = plt.subplots(figsize=(9, 6.5), layout="constrained")
     ax.set(xlabel="peak memory, mem/peak_mb (MiB)", ylabel="training throughput, perf/samples_per_s (samples/s)",
            title=title)
@@ -40,8 +41,6 @@ def throughput_memory(table: pd.DataFrame, keys: list[str], front: np.ndarray, t
     points = ax.scatter(x, y, c=auc, cmap="viridis", s=70, edgecolors="black", linewidths=0.5, zorder=3,
                         vmin=finite.min() if finite.size else 0, vmax=finite.max() if finite.size else 1)
     fig.colorbar(points, ax=ax, label="test AUC (mean over seeds)" if several else "test AUC")
-    order = np.argsort(x[front])
-    ax.step(x[front][order], y[front][order], where="post", color="crimson", linewidth=1.5, zorder=2)
     ax.scatter(x[front], y[front], s=220, facecolors="none", edgecolors="crimson", linewidths=1.5, zorder=4)
     ax.margins(x=0.2, y=0.2)
     for limits, set_limits in ((ax.get_xlim(), ax.set_xlim), (ax.get_ylim(), ax.set_ylim)):
@@ -50,9 +49,10 @@ def throughput_memory(table: pd.DataFrame, keys: list[str], front: np.ndarray, t
     seeds = f"mean over {table['n'].max()} seeds, bars: std" if several else "one run each"
     fig.legend(handles=[Line2D([], [], marker="o", linestyle="none", color="0.5", markeredgecolor="black",
                                label=f"configuration ({seeds})"),
-                        Line2D([], [], marker="o", color="crimson", markerfacecolor="none", markersize=12,
-                               label="Pareto front: no configuration is faster with less memory")],
-               loc="outside lower center", ncol=2, fontsize=9)
+                        Line2D([], [], marker="o", linestyle="none", color="crimson", markerfacecolor="none",
+                               markersize=12, label="Pareto front: no other configuration is at least as fast, "
+                                                    "as small and as accurate (test AUC), and better in one")],
+               loc="outside lower center", ncol=1, fontsize=9)
     labelled = [*np.flatnonzero(front), *(np.flatnonzero(~front) if len(table) <= ANNOTATE_ALL_UP_TO else [])]
     place_labels(ax, x, y, {i: config_label(table.iloc[i], keys) for i in labelled})
     fig.savefig(path, dpi=DPI)
@@ -99,22 +99,25 @@ def place_labels(ax: plt.Axes, xs: np.ndarray, ys: np.ndarray, texts: dict[int, 
                 break
         labels.append(best[2])
 
-# (column of paired_effects, x label, reference value, value shown on the axis from the column, its label)
-PANELS = (("throughput_ratio", "training samples/s: value / baseline (log scale)", 1.0, lambda r: r,
-           lambda v: f"×{v:.2f}"),
-          ("memory_ratio", "peak memory: change from baseline (%)", 0.0, lambda r: (r - 1) * 100,
+# (column of paired_effects, of summarize_effects, x label, reference value, value shown on the axis from the
+# column, its label)
+PANELS = (("speed_ratio", "speed_ratio", "training samples/s: value / baseline (ratio, log scale)", 1.0,
+           lambda r: r, lambda v: f"×{v:.2f}"),
+          ("memory_ratio", "memory_ratio", "peak memory: change from baseline (%)", 0.0, lambda r: (r - 1) * 100,
            lambda v: f"{v:+.0f}%"),
-          ("auc_diff", "test AUC: value - baseline", 0.0, lambda d: d, lambda v: f"{v:+.3f}"))
+          ("dauc", "dauc_mean", "test AUC: value - baseline (AUC, 0 to 1)", 0.0, lambda d: d, lambda v: f"{v:+.3f}"))
+CI_COLOR, MARGIN_COLOR = "crimson", "darkorange"
 
 
-def paired_effects(found: pd.DataFrame, summary: pd.DataFrame, title: str, path: Path) -> None:
+def paired_effects(found: pd.DataFrame, summary: pd.DataFrame, margin: float, title: str, path: Path) -> None:
     """One row per comparison (``amp=true vs false``), three panels (samples/s ratio, memory change, AUC
-    difference): a bar at the mean over pairs (geometric for ratios), a dot per pair of runs."""
+    difference): a bar at the mean over pairs (geometric for ratios), a dot per pair of runs; on the AUC panel the
+    mean's 95% interval, the line at ``-margin`` and, at its right, the verdict."""
     comparisons = list(summary[["param", "value", "baseline"]].itertuples(index=False))
     rows = np.arange(len(comparisons))
     fig, axes = plt.subplots(1, 3, figsize=(13, 1.8 + 0.75 * len(rows)), sharey=True, layout="constrained")
-    for ax, (column, xlabel, reference, axis_value, text) in zip(axes, PANELS):
-        means = axis_value(summary[column].to_numpy(float))
+    for ax, (column, mean_column, xlabel, reference, axis_value, text) in zip(axes, PANELS):
+        means = axis_value(summary[mean_column].to_numpy(float))
         ax.barh(rows, means - reference, left=reference, height=0.5, color="tab:blue", alpha=0.45)
         for row, key in enumerate(comparisons):
             dots = found[(found["param"] == key.param) & (found["value"] == key.value)
@@ -124,9 +127,10 @@ def paired_effects(found: pd.DataFrame, summary: pd.DataFrame, title: str, path:
             if np.isfinite(means[row]):
                 right = means[row] >= reference
                 ax.annotate(text(means[row]), (means[row], row), xytext=(3 if right else -3, 11),
-                            textcoords="offset points", ha="left" if right else "right", fontsize=8)
+                            textcoords="offset points", ha="left" if right else "right", fontsize=8,
+                            bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8})
         ax.axvline(reference, color="0.3", linewidth=1)
-        if column == "throughput_ratio":
+        if column == "speed_ratio":
             ax.set_xscale("log")
             ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"×{v:g}"))
             ax.xaxis.set_minor_formatter(ticker.NullFormatter())
@@ -134,12 +138,23 @@ def paired_effects(found: pd.DataFrame, summary: pd.DataFrame, title: str, path:
         ax.set_xlabel(xlabel)
         ax.margins(x=0.2)
         ax.grid(axis="x", alpha=0.3)
-    axes[0].set_yticks(rows, [f"{comparison(*key)}\n({int(n)} pairs)" for key, n in zip(comparisons, summary["pairs"])])
+    lo, mean, hi = (summary[c].to_numpy(float) for c in ("dauc_lo", "dauc_mean", "dauc_hi"))
+    axes[2].errorbar(mean, rows, xerr=[mean - lo, hi - mean], fmt="none", ecolor=CI_COLOR, elinewidth=1.5, capsize=5,
+                     zorder=3)
+    axes[2].axvline(-margin, color=MARGIN_COLOR, linestyle="--", linewidth=1.5)
+    verdicts = axes[2].secondary_yaxis("right")
+    verdicts.set_yticks(rows, [verdict_text(e).replace(" (", "\n(") for e in summary.itertuples()])
+    verdicts.tick_params(length=0)
+    axes[0].set_yticks(rows, [f"{comparison(*key)}\n({n} pair{'s' if n > 1 else ''})"
+                              for key, n in zip(comparisons, summary["pairs"])])
     axes[0].set_ylim(len(rows) - 0.4, -0.6)
     fig.legend(handles=[plt.Rectangle((0, 0), 1, 1, color="tab:blue", alpha=0.45,
                                       label="mean over pairs (geometric for ratios)"),
                         Line2D([], [], marker="o", linestyle="none", color="black", markersize=4,
-                               label="one pair of runs that differ only in this switch")],
+                               label="one pair of runs that differ only in this switch"),
+                        Line2D([], [], marker="|", color=CI_COLOR, markersize=8, label="95% interval of the mean"),
+                        Line2D([], [], color=MARGIN_COLOR, linestyle="--",
+                               label=f"-margin ({-margin:+g} AUC): no loss when the interval is right of it")],
                loc="outside lower center", ncol=2, fontsize=9)
     fig.suptitle(title)
     fig.savefig(path, dpi=DPI)

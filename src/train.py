@@ -29,14 +29,15 @@ from src import checkpoint, dist
 from src import config as schema
 from src import resume as resumption
 from src.autobatch import derived_batch, fit_batch
+from src.clinical import class_names, write_eval_artifacts
 from src.config import ParallelMode
-from src.data import ensure_file, load_splits, make_loader
-from src.engine import Trainer, resolve_amp_dtype, resolve_device
+from src.data import ensure_file, load_splits
+from src.engine import resolve_amp_dtype, resolve_device
 from src.errors import UsageError
 from src.memory import predict
-from src.models import MODELS, build_model
+from src.models import MODELS
 from src.preemption import EXIT_PREEMPTED, Preempted, PreemptedExit, Preemption
-from src.rank_setup import flops_per_sample, seed_everything, wrap
+from src.rank_setup import build_trainer, data_parallel_width, flops_per_sample, seed_everything
 from src.rerun import rerun_config
 from src.tracking import (SKIPPED_TAG, RunLogger, best_metric, config_hash, ensure_store, environment_tags,
                           finished_run, flatten, read_parent_id, tracking_uri)
@@ -74,11 +75,6 @@ def validate(cfg: DictConfig) -> tuple[schema.Config, torch.device]:
     return typed, device
 
 
-def data_parallel_width(cfg: schema.Config, gpus: tuple[int, ...]) -> int:
-    """How many devices share one loader batch: the GPUs of ``parallel=dp``, else 1."""
-    return len(gpus) if cfg.parallel.mode is ParallelMode.dp else 1
-
-
 def check_split_sizes(cfg: schema.Config, world: int) -> None:
     need = cfg.batch_size * cfg.accumulate * world
     have = len(load_splits(cfg.data)["train"][1])
@@ -104,21 +100,18 @@ def run_rank(job: Job, rank: dist.Rank, init_method: str = "env://",
     try:
         threads = seed_everything(cfg, ranks_on_node=int(os.environ.get("LOCAL_WORLD_SIZE", rank.world)))
         log.info("rank %d/%d on %s with %d threads", rank.rank, rank.world, device, threads)
-        splits = load_splits(cfg.data)
-        model = build_model(cfg.model, cfg.data.in_channels, cfg.data.num_classes, cfg.data.size)
-        memory_format = torch.channels_last_3d if cfg.channels_last else torch.contiguous_format
-        model = model.to(device, memory_format=memory_format)
-        model = wrap(torch.compile(model) if cfg.compile else model, cfg, device, rank, job.gpus)
+        trainer = build_trainer(cfg, device, rank, job.gpus, flops_per_sample=flops_per_sample(cfg),
+                                predicted_mb=predict(cfg, device).total_mb if rank.is_main else None,
+                                checkpoint_to=job.output_dir / checkpoint.FILE if rank.is_main else None,
+                                checkpoint_meta=job.checkpoint_meta, preemption=preemption)
         width = data_parallel_width(cfg, job.gpus)
-        loaders = {split: make_loader(cfg.data, tensors, cfg.batch_size * width, cfg.seed, split == "train", device,
-                                      rank.rank, rank.world) for split, tensors in splits.items()}
-        trainer = Trainer(cfg, model, loaders, device, rank, flops_per_sample(cfg), devices=rank.world * width,
-                          predicted_mb=predict(cfg, device).total_mb if rank.is_main else None,
-                          checkpoint_to=job.output_dir / checkpoint.FILE if rank.is_main else None,
-                          checkpoint_meta=job.checkpoint_meta, preemption=preemption)
         run = RunLogger(mlflow.MlflowClient(job.tracking_uri), job.run_id) if rank.is_main else None
+        amp_dtype = str(resolve_amp_dtype(cfg, device)).removeprefix("torch.") if cfg.amp else "float32"
+        if cfg.amp and amp_dtype == "float32" and rank.is_main:
+            log.warning("amp=true: this CPU has no native bf16 (avx512_bf16/AMX), where autocast runs ~100x slower; "
+                        "training in float32 (amp_dtype=bfloat16 forces it)")
         if run:
-            run.set_tags({"mem.source": trainer.memory.source, "device": str(device), "num_threads": str(threads),
+            run.set_tags({"amp.dtype": amp_dtype, "mem.source": trainer.memory.source, "device": str(device), "num_threads": str(threads),
                           "perf.peak_source": trainer.peak_source,
                           "perf.peak_tflops_per_device": f"{trainer.peak_total / rank.world / width / 1e12:.6g}"})
         log_metrics = run.log_metrics if run else lambda metrics, step: None
@@ -135,6 +128,8 @@ def run_rank(job: Job, rank: dist.Rank, init_method: str = "env://",
             (job.output_dir / f"oom_rank{rank.rank}.json").write_text(json.dumps(trainer.memory.peak()))
             raise
         if rank.is_main:
+            write_eval_artifacts(*trainer.test_predictions, cfg.data.task,
+                                 class_names(cfg.data.name, cfg.data.num_classes), job.output_dir / "eval")
             (job.output_dir / "metrics.json").write_text(json.dumps(final, indent=2))
         return final
     finally:

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from src.data import load_splits, make_loader, to_input
-from src.engine import Trainer, build_optimizer, medmnist_metrics, resolve_amp_dtype
+from src.engine import Trainer, build_optimizer, class_weights, cpu_has_fast_bf16, medmnist_metrics, resolve_amp_dtype
 from src.errors import UsageError
 from tests.conftest import compose_config
 
@@ -98,7 +98,9 @@ def test_grad_clip_bounds_the_update(shared_data):
 
 def test_amp_dtype_resolution():
     cfg = OmegaConf.to_object(compose_config())
-    assert resolve_amp_dtype(cfg, torch.device("cpu")) is torch.bfloat16
+    assert resolve_amp_dtype(cfg, torch.device("cpu")) is (torch.bfloat16 if cpu_has_fast_bf16() else torch.float32)
+    forced = OmegaConf.to_object(compose_config("amp_dtype=bfloat16"))
+    assert resolve_amp_dtype(forced, torch.device("cpu")) is torch.bfloat16
     assert resolve_amp_dtype(cfg, torch.device("cuda")) is torch.float16
     fp16 = OmegaConf.to_object(compose_config("amp_dtype=float16"))
     with pytest.raises(UsageError, match="amp_dtype=float16 needs a CUDA device .*use amp_dtype=bfloat16 or auto"):
@@ -106,9 +108,61 @@ def test_amp_dtype_resolution():
 
 
 def test_bf16_autocast_trains_on_cpu(shared_data):
-    trainer = trainer_for("amp=true", "limit_batches=2", "batch_size=4", data_root=shared_data)
+    trainer = trainer_for("amp=true", "amp_dtype=bfloat16", "limit_batches=2", "batch_size=4", data_root=shared_data)
+    context = trainer.precision.autocast()
+    assert context.fast_dtype is torch.bfloat16 and context._enabled
     metrics = trainer.train_epoch(0)
     assert not trainer.precision.scaler.is_enabled() and np.isfinite(metrics["train/loss"])
+
+
+def test_class_weights_are_sklearns_balanced_weights():
+    from sklearn.utils.class_weight import compute_class_weight
+
+    labels = torch.tensor([0] * 929 + [1] * 259)  # AdrenalMNIST3D's training split
+    expected = compute_class_weight("balanced", classes=np.array([0, 1]), y=labels.numpy())
+    torch.testing.assert_close(class_weights(labels, 2), torch.from_numpy(expected).float())
+    assert class_weights(torch.tensor([0, 0, 2]), 3).tolist() == [0.5, 0.0, 1.0]  # an absent class weighs 0
+
+
+def test_weighted_smoothed_loss_is_torchs(shared_data):
+    trainer = trainer_for("class_weights=true", "label_smoothing=0.1", "batch_size=8", data_root=shared_data)
+    images, labels = trainer._batch(next(iter(trainer.loaders["train"])))
+    loss, _ = trainer._micro_step(images, labels)
+    with torch.no_grad():
+        expected = nn.functional.cross_entropy(trainer.model(images), labels, label_smoothing=0.1,
+                                               weight=torch.tensor([1188 / (2 * 929), 1188 / (2 * 259)]))
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_warmup_scales_the_learning_rate_then_hands_over_to_the_schedule(shared_data):
+    trainer = trainer_for("warmup_epochs=2", "epochs=8", "optim.lr=0.01", "limit_batches=1", data_root=shared_data)
+    lrs = []
+    for _ in range(8):
+        lrs.append(trainer.optimizer.param_groups[0]["lr"])
+        trainer.scheduler.step()
+    assert lrs == pytest.approx([0.001, 0.0055, 0.01, 0.01, 0.001, 0.001, 0.0001, 0.0001])  # multistep at 4, 6
+
+
+def test_warmup_with_a_per_step_schedule_is_refused(shared_data):
+    with pytest.raises(UsageError, match="warmup_epochs=1 with sched=cyclic.*use warmup_epochs=0"):
+        trainer_for("warmup_epochs=1", "sched=cyclic", data_root=shared_data)
+
+
+def test_early_stopping_stops_after_patience_epochs_without_a_better_val_auc(shared_data):
+    trainer = trainer_for("early_stop_patience=2", "epochs=10", "limit_batches=1", "batch_size=4",
+                          "optim.lr=0", data_root=shared_data)  # lr 0: val/auc never improves after epoch 1
+    logged = []
+    final = trainer.fit(lambda metrics, step: logged.append((step, metrics)))
+    assert [step for step, _ in logged] == [0, 1, 2, 10]
+    assert final["stopped_epoch"] == 3 and final["best_epoch"] == 1
+
+
+def test_evaluation_logs_the_clinical_metrics_and_keeps_test_predictions(shared_data):
+    trainer = trainer_for("batch_size=50", data_root=shared_data)
+    metrics = trainer.evaluate("test")
+    assert {"test/balanced_acc", "test/ece", "test/sensitivity", "test/specificity"} <= set(metrics)
+    labels, scores = trainer.test_predictions
+    assert labels.shape == (298,) and scores.shape == (298, 2)
 
 
 @pytest.mark.parametrize("name", ["adam", "adamw", "sgd"])

@@ -13,15 +13,17 @@ from hydra import compose, initialize_config_dir
 from mlflow.entities import Metric, Param
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from omegaconf import OmegaConf
+from scipy import stats
 
 from src.errors import UsageError
-from src.report import report
-from src.sweep_analysis import aggregate, natural_key, paired_effects, pareto_front, summarize_effects, swept_columns
+from src.report import METRICS, Selection, report, write_report
+from src.sweep_analysis import (EFFECT_COLUMNS, aggregate, auc_interval, more_pairs, natural_key, paired_effects,
+                                pareto_front, summarize_effects, swept_columns, verdict)
 from src.tracking import PARENT_ID_FILE, ensure_store
 from tests.conftest import ROOT, run_cli, runs
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-REPORT_FILES = {"report.md", "report.html", "runs.csv", "throughput_memory.png", "paired_effects.png"}
+REPORT_FILES = {"report.md", "report.html", "runs.csv", "effects.csv", "throughput_memory.png", "paired_effects.png"}
 
 
 def report_config(*overrides: str):
@@ -66,12 +68,20 @@ def test_natural_order_puts_false_first_and_numbers_by_value():
     assert sorted(["resnet18", "resnet101", "resnet10"], key=natural_key) == ["resnet10", "resnet18", "resnet101"]
 
 
-def test_pareto_front_keeps_the_points_nothing_beats_on_both_axes():
+def test_pareto_front_keeps_the_points_nothing_beats_on_speed_and_memory_at_equal_accuracy():
     throughput = np.array([10.0, 20.0, 15.0, 20.0, 5.0, 30.0])
     memory = np.array([100.0, 100.0, 50.0, 300.0, 40.0, 400.0])
     # 0 is beaten by 1 (faster, same memory); 3 by 1 (as fast, less memory)
-    assert pareto_front(throughput, memory).tolist() == [False, True, True, False, True, True]
-    assert pareto_front(np.array([1.0, 1.0]), np.array([2.0, 2.0])).tolist() == [True, True]  # ties both stay
+    assert pareto_front(throughput, memory, np.full(6, 0.8)).tolist() == [False, True, True, False, True, True]
+    assert pareto_front([1.0, 1.0], [2.0, 2.0], [0.8, 0.8]).tolist() == [True, True]  # ties both stay
+
+
+def test_pareto_front_counts_accuracy():
+    # 0 is faster and smaller, 1 more accurate: neither dominates the other
+    assert pareto_front([20.0, 10.0], [50.0, 100.0], [0.80, 0.90]).tolist() == [True, True]
+    assert pareto_front([20.0, 10.0], [50.0, 100.0], [0.90, 0.80]).tolist() == [True, False]
+    # a missing AUC is the worst: as fast and as small but unmeasured loses to the measured one
+    assert pareto_front([20.0, 20.0], [50.0, 50.0], [np.nan, 0.5]).tolist() == [False, True]
 
 
 def runs_frame() -> pd.DataFrame:
@@ -94,15 +104,78 @@ def test_pairs_join_runs_equal_in_every_other_swept_param():
     amp = found[found["param"] == "amp"]
     assert len(amp) == 3  # (4, 0), (4, 1), (8, 0): amp=True batch 8 seed 1 has no partner
     assert set(amp["value"]) == {"True"} and set(amp["baseline"]) == {"False"}
-    assert np.allclose(amp["throughput_ratio"], 2.0) and np.allclose(amp["memory_ratio"], 0.6)
-    assert np.allclose(amp["auc_diff"], 0.01)
+    assert np.allclose(amp["speed_ratio"], 2.0) and np.allclose(amp["memory_ratio"], 0.6)
+    assert np.allclose(amp["dauc"], 0.01)
     batch = found[found["param"] == "batch_size"]
-    assert len(batch) == 3 and set(batch["value"]) == {"8"} and np.allclose(batch["throughput_ratio"], 2.0)
+    assert len(batch) == 3 and set(batch["value"]) == {"8"} and np.allclose(batch["speed_ratio"], 2.0)
     assert "seed" not in set(found["param"])  # seeds are aggregated, not compared
-    summary = summarize_effects(found).set_index("param")
+    summary = summarize_effects(found, 0.01).set_index("param")
     assert summary.loc["amp", "pairs"] == 3
-    assert summary.loc["amp", "throughput_ratio"] == pytest.approx(2.0)
+    assert summary.loc["amp", "speed_ratio"] == pytest.approx(2.0)
     assert summary.loc["amp", "memory_ratio"] == pytest.approx(0.6)
+
+
+# test AUC of model.activation=<value> minus gelu (the baseline) for seeds 0-3: clearly above, clearly below and
+# straddling -0.01
+DIFFERENCES = {"mish": [0.002, 0.004, 0.003, 0.003], "prelu": [-0.05, -0.06, -0.055, -0.055],
+               "relu": [0.0, -0.01, 0.0, -0.01]}
+
+
+def activation_runs() -> pd.DataFrame:
+    """model.activation x seed=0..3 (a run frame as the report reads one), test AUCs differing by DIFFERENCES."""
+    rows = [{"model.activation": value, "seed": str(seed), "test/auc": 0.8 + 0.01 * seed + difference,
+             "perf/samples_per_s": 100.0 - 10 * i, "mem/peak_mb": 500.0 + 100 * i}
+            for seed in range(4)
+            for i, (value, difference) in enumerate([("gelu", 0.0), *((v, d[seed]) for v, d in DIFFERENCES.items())])]
+    return pd.DataFrame(rows)
+
+
+def test_a_switch_is_judged_no_loss_loss_or_inconclusive_against_the_margin():
+    summary = summarize_effects(paired_effects(activation_runs(), ["model.activation", "seed"]), 0.01)
+    assert summary[["value", "baseline", "pairs"]].values.tolist() == [["mish", "gelu", 4], ["prelu", "gelu", 4],
+                                                                       ["relu", "gelu", 4]]
+    assert summary["verdict"].tolist() == ["no loss", "loss", "inconclusive"]
+    for value, differences in DIFFERENCES.items():
+        row = summary.set_index("value").loc[value]
+        lo, hi = stats.t.interval(0.95, len(differences) - 1, loc=np.mean(differences), scale=stats.sem(differences))
+        assert (row["dauc_mean"], row["dauc_lo"], row["dauc_hi"]) == pytest.approx((np.mean(differences), lo, hi))
+    # relu: mean -0.005, sd 0.01 / sqrt(3) = 0.00577, so |mean + margin| / sd = 0.866; the interval clears -0.01
+    # once t_{.975,N-1} / sqrt(N) < 0.866: N = 7 gives 2.447 / 2.646 = 0.925, N = 8 gives 2.365 / 2.828 = 0.836
+    assert summary["more_pairs"].tolist() == [pd.NA, pd.NA, 8 - 4]
+
+
+def test_the_verdict_needs_the_whole_interval_on_one_side_of_minus_margin():
+    assert verdict(-0.009, 0.02, 0.01) == "no loss"
+    assert verdict(-0.05, -0.011, 0.01) == "loss"
+    assert verdict(-0.011, 0.02, 0.01) == verdict(-0.02, -0.01, 0.01) == "inconclusive"
+    assert verdict(np.nan, np.nan, 0.01) == "inconclusive"
+
+
+def test_one_pair_or_a_mean_at_minus_margin_gives_no_count_of_more_pairs():
+    one = auc_interval(pd.Series([0.004]), 0.01)
+    assert one["verdict"] == "inconclusive" and np.isnan(one["dauc_lo"]) and one["more_pairs"] is None
+    assert auc_interval(pd.Series([-0.02, 0.0]), 0.01)["more_pairs"] is None  # mean -0.01: no number of pairs
+    assert more_pairs(4, 0.0, 0.0, 0.01) == 0  # no spread: settled already
+
+
+def test_effects_csv_has_one_row_per_comparison_through_write_report(tmp_path):
+    runs = activation_runs().assign(run_id=lambda f: [f"run{i}" for i in range(len(f))], status="FINISHED")
+    runs = runs.reindex(columns=[*runs.columns, *(m for m in METRICS if m not in runs)])
+    files = write_report(runs, Selection("constructed", [], None, tmp_path), "sqlite:///none.db", tmp_path, 0.01)
+    assert tmp_path / "effects.csv" in files
+    effects = pd.read_csv(tmp_path / "effects.csv")
+    assert effects.columns.tolist() == EFFECT_COLUMNS
+    assert effects[["param", "value", "baseline", "pairs", "verdict"]].values.tolist() == [
+        ["model.activation", "mish", "gelu", 4, "no loss"], ["model.activation", "prelu", "gelu", 4, "loss"],
+        ["model.activation", "relu", "gelu", 4, "inconclusive"]]
+    assert effects["more_pairs"].isna().tolist() == [True, True, False] and effects["more_pairs"].iloc[2] == 4
+    assert effects["speed_ratio"].tolist() == pytest.approx([0.9, 0.8, 0.7]) and set(effects["margin"]) == {0.01}
+    shown = tables((tmp_path / "report.md").read_text())["Paired effects"]
+    assert [row["verdict"] for row in shown] == ["no loss", "loss", "inconclusive (~4 more pairs)"]
+    assert shown[2]["test AUC [95% CI]"] == "-0.005 [-0.014, +0.004]"
+    write_report(runs[runs["model.activation"] == "gelu"], Selection("no pairs", [], None, tmp_path),
+                 "sqlite:///none.db", tmp_path, 0.01)
+    assert (tmp_path / "effects.csv").read_text().strip() == ",".join(EFFECT_COLUMNS)  # the header only
 
 
 def test_aggregate_gives_mean_std_and_count_per_configuration():
@@ -158,7 +231,8 @@ def logged_sweep(tmp_path_factory):
             log_run(client, experiment_id, {"amp": amp, "seed": str(seed), "batch_size": "4"}, epochs,
                     {"test/acc": 0.7, "test/auc": 0.81 + 0.01 * fast + 0.02 * seed}, tags=child)
     log_run(client, experiment_id, {"amp": "True", "seed": "0", "batch_size": "64"}, [],
-            {"mem/peak_mb": 5000.0, "mem/predicted_mb": 4800.0}, "FAILED", {**child, "status": "oom", "retried": "false"})
+            {"mem/peak_mb": 5000.0, "mem/predicted_mb": 4800.0}, "FAILED",
+            {**child, "status": "oom", "retried": "false"})
     return client, parent, tmp_path / "sweep", store
 
 
@@ -179,7 +253,7 @@ def test_report_of_a_sweep_folder_tabulates_plots_and_logs_to_the_parent_run(log
     assert configs["false"]["Pareto"] == ""  # slower and larger than amp=true
     effects = found["Paired effects"]
     assert effects == [{"comparison": "amp=true vs false", "pairs": "2", "samples/s": "×1.39",
-                        "peak memory": "-40%", "test AUC": "+0.010"}]
+                        "peak memory": "-40%", "test AUC [95% CI]": "+0.010 [+0.010, +0.010]", "verdict": "no loss"}]
     failed = found["Not finished"]
     assert [(row["status"], row["amp"], row["batch_size"], row["mem/peak_mb"]) for row in failed] == \
         [("FAILED (oom)", "true", "64", "5000")]

@@ -183,7 +183,8 @@ def footprint(cfg: Config, device: torch.device, batch_size: int) -> Footprint:
     ``accumulate > 1`` that replay runs a second micro-step, with the accumulated gradients held.
     """
     data = cfg.data
-    autocast = functools.partial(torch.autocast, device.type, dtype=resolve_amp_dtype(cfg, device), enabled=cfg.amp)
+    dtype = resolve_amp_dtype(cfg, device)
+    autocast = functools.partial(torch.autocast, device.type, dtype=dtype, enabled=cfg.amp and dtype != torch.float32)
     activation_gain(cfg.model.activation)  # computed (and cached) for real: it reads a value
     with FakeTensorMode():
         with torch.device(device):

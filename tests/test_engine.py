@@ -183,3 +183,17 @@ def test_fused_optimizer_takes_the_per_parameter_loops_steps(name):
         trained.append(list(model.parameters()))
     for loop, fused in zip(*trained):
         torch.testing.assert_close(fused, loop, rtol=1e-6, atol=1e-7)
+
+
+def test_augmentation_is_seeded_per_step_and_off_in_evaluation(shared_data):
+    same, again, other = (trainer_for("aug=standard", f"seed={s}", "batch_size=4", data_root=shared_data)
+                          for s in (0, 0, 1))
+    batch = next(iter(same.loaders["train"]))
+    augmented = same._train_batch(batch, epoch=0, micro_step=0)[0]
+    assert torch.equal(augmented, again._train_batch(batch, 0, 0)[0])  # same seed: same batches
+    assert not torch.equal(augmented, other._train_batch(batch, 0, 0)[0])  # another seed: other batches
+    assert not torch.equal(augmented, same._train_batch(batch, 0, 1)[0])  # the next micro-step: other transforms
+    assert not torch.equal(augmented, same._batch(batch)[0])
+    plain = trainer_for("aug=none", "batch_size=4", data_root=shared_data)
+    assert torch.equal(plain._train_batch(batch, 0, 0)[0], plain._batch(batch)[0])  # aug=none: as stored
+    assert same.evaluate("val") == plain.evaluate("val")  # equal weights (tiny_net seeds itself): never augmented

@@ -87,7 +87,8 @@ def test_amp_saves_low_precision_activations_and_caches_weight_casts():
 
 
 def test_amp_changes_the_zoo_activations_and_adds_bf16_weight_copies():
-    fp32, amp = (memory.predict(typed(f"amp={a}"), CPU, batch_size=4) for a in ("false", "true"))
+    """bf16 forced: on a CPU without native bf16, ``amp_dtype=auto`` trains (and predicts) float32."""
+    fp32, amp = (memory.predict(typed(f"amp={a}", "amp_dtype=bfloat16"), CPU, batch_size=4) for a in ("false", "true"))
     with torch.device("meta"):
         model = build_model(typed().model, 1, 2, 28)
     cast = [p for m in model.modules() if isinstance(m, (nn.Conv3d, nn.Linear)) for p in m.parameters()]
@@ -103,7 +104,8 @@ def test_activations_scale_linearly_with_batch(model):
 
 @pytest.mark.parametrize("setting", [("model.stem=small", "amp=false"),
                                      ("model.stem=standard", "data.size=64", "amp=false"),
-                                     pytest.param(("model.stem=small", "amp=true"), marks=pytest.mark.slow)])
+                                     pytest.param(("model.stem=small", "amp=true", "amp_dtype=bfloat16"),
+                                                  marks=pytest.mark.slow)])
 def test_checkpointing_cuts_densenet_activations(setting):
     """MedMNIST's set-up (small stem, 28^3) and the standard stem at 64^3: at least 40% fewer activations."""
     plain, ckpt = (activations("model=densenet121", *setting, f"model.checkpointing={c}") for c in ("false", "true"))

@@ -104,19 +104,20 @@ def trainer(shared_data, folder: Path, *overrides: str, preemption: Preemption |
     return Trainer(cfg, bn_net(), loaders, cpu, checkpoint_to=folder / checkpoint.FILE, preemption=preemption)
 
 
-def test_a_trainer_stopped_by_sigterm_mid_epoch_resumes_bitwise(tmp_path, shared_data):
+@pytest.mark.parametrize("aug", ["none", "standard"])
+def test_a_trainer_stopped_by_sigterm_mid_epoch_resumes_bitwise(tmp_path, shared_data, aug):
     logged = {"whole": [], "parts": []}
-    whole = trainer(shared_data, tmp_path / "whole")
+    whole = trainer(shared_data, tmp_path / "whole", f"aug={aug}")
     final = whole.fit(lambda metrics, step: logged["whole"].append((step, metrics)))
 
     preemption = Preemption()
-    stopped = trainer(shared_data, tmp_path / "parts", "fault.term_step=4", preemption=preemption)
+    stopped = trainer(shared_data, tmp_path / "parts", f"aug={aug}", "fault.term_step=4", preemption=preemption)
     with preemption.installed(), pytest.raises(Preempted, match="stopped at epoch 2 step 1/3"):
         stopped.fit(lambda metrics, step: logged["parts"].append((step, metrics)))  # a real SIGTERM after step 4
     state = torch.load(tmp_path / "parts" / checkpoint.FILE, weights_only=True)
     assert (state["epoch"], state["step"]) == (1, 1) and len(state["running"]["loss"]) == 1
 
-    resumed = trainer(shared_data, tmp_path / "parts", "fault.term_step=4")
+    resumed = trainer(shared_data, tmp_path / "parts", f"aug={aug}", "fault.term_step=4")
     resumed.load_state_dict(state)
     resumed_final = resumed.fit(lambda metrics, step: logged["parts"].append((step, metrics)))
 
@@ -168,7 +169,7 @@ def test_bad_resume_values_name_the_value_and_the_fix(tmp_path, store, unfinishe
     assert resume_error("nope", overrides).startswith("resume=nope is neither a folder nor a run id in")
     (tmp_path / "empty").mkdir()
     assert f"no checkpoint.pt in {tmp_path / 'empty'}" in resume_error(str(tmp_path / "empty"), overrides)
-    assert "would change epochs=100->5" in resume_error(str(folder), [*overrides, "epochs=5"])
+    assert "would change epochs=15->5" in resume_error(str(folder), [*overrides, "epochs=5"])
     other = f"sqlite:///{tmp_path / 'other.db'}"
     ensure_store(other)
     assert f"is not in {other}: set mlflow.tracking_uri" in \

@@ -4,13 +4,17 @@ from __future__ import annotations
 import json
 
 import mlflow
+import pandas as pd
 import pytest
+from sklearn.metrics import balanced_accuracy_score, roc_auc_score
 
 from tests.conftest import run_cli, runs
 
+CLINICAL = {"balanced_acc", "ece", "sensitivity", "specificity"}  # a binary task's
 EPOCH_METRICS = {"train/loss", "train/acc", "val/loss", "val/acc", "val/auc", "perf/samples_per_s", "perf/step_ms",
-                 "perf/data_wait_frac", "mem/peak_mb"}
-FINAL_METRICS = {"test/acc", "test/auc", "model/params", "time/total_s"}
+                 "perf/data_wait_frac", "mem/peak_mb", *(f"val/{k}" for k in CLINICAL)}
+FINAL_METRICS = {"test/acc", "test/auc", "model/params", "time/total_s", "stopped_epoch", "best_epoch",
+                 *(f"test/{k}" for k in CLINICAL)}
 RESULTS = {"train/loss", "train/acc", "val/loss", "val/acc", "val/auc", "test/acc", "test/auc", "model/params"}
 
 
@@ -48,7 +52,9 @@ def test_the_readme_sweep_logs_a_parent_and_two_finished_children(tmp_path, stor
         assert {"config_hash", "git_commit", "torch_version", "cuda_version", "host", "overrides"} <= set(tags)
         assert tags["mem.source"] == "cpu_rss_peak_growth"
         artifacts = {a.path for a in mlflow.MlflowClient(store).list_artifacts(run.info.run_id)}
-        assert {".hydra", "metrics.json"} <= artifacts
+        assert {".hydra", "metrics.json", "eval"} <= artifacts
+        evaluated = {a.path for a in mlflow.MlflowClient(store).list_artifacts(run.info.run_id, "eval")}
+        assert evaluated == {"eval/confusion_matrix.png", "eval/test_predictions.csv"}
         assert run.data.metrics["model/params"] > 11e6 and run.data.metrics["perf/samples_per_s"] > 0
     assert len({r.data.tags["config_hash"] for r in children}) == 2
     job_dirs = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir())
@@ -131,3 +137,23 @@ def test_full_sweep_over_schedulers_and_loaders(tmp_path, store, shared_data):
     assert result.returncode == 0, result.stderr[-3000:]
     children = [r for r in runs(store) if r.data.tags.get("mlflow.parentRunId")]
     assert len(children) == 6 and {r.info.status for r in children} == {"FINISHED"}
+
+
+@pytest.mark.slow
+def test_the_accuracy_recipe_runs_as_written_and_logs_every_metric_and_artifact(tmp_path, store, shared_data):
+    result = run_cli("experiment=accuracy_cpu", "data=adrenalmnist3d", f"data.root={shared_data}", "data.download=false",
+                     "seed=0", "epochs=3", "warmup_epochs=1", "limit_batches=2", "num_threads=1",
+                     f"mlflow.tracking_uri={store}", f"hydra.run.dir={tmp_path}/run")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = runs(store)
+    assert EPOCH_METRICS | FINAL_METRICS <= set(run.data.metrics)
+    params = run.data.params
+    assert (params["model.name"], params["model.stem"], params["aug.name"], params["optim.name"]) == \
+        ("resnet18", "standard", "standard", "adamw")
+    client = mlflow.MlflowClient(store)
+    predictions = pd.read_csv(client.download_artifacts(run.info.run_id, "eval/test_predictions.csv", str(tmp_path)))
+    assert list(predictions.columns) == ["index", "label", "score_0", "score_1"] and len(predictions) == 2 * 32
+    metrics = run.data.metrics  # anyone can recompute the logged test metrics from the predictions
+    assert roc_auc_score(predictions["label"], predictions["score_1"]) == pytest.approx(metrics["test/auc"], abs=1e-6)
+    assert balanced_accuracy_score(predictions["label"], (predictions["score_1"] > 0.5).astype(int)) == \
+        pytest.approx(metrics["test/balanced_acc"])

@@ -49,14 +49,14 @@ from omegaconf import OmegaConf  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
-from src.config import Config, Stem  # noqa: E402
+from src.config import Config, Stem, register  # noqa: E402
 from src.data import load_splits, make_loader, npz_path  # noqa: E402
 from src.dist import Rank  # noqa: E402
 from src.engine import Trainer  # noqa: E402
 from src.measure import MemoryMonitor, ThroughputMeter, device_name  # noqa: E402
 from src.models import build_model  # noqa: E402
 from src.models.layers import resolve_stem  # noqa: E402
-from src.train import seed_everything, wrap  # noqa: E402  (importing src.train registers the config schema)
+from src.rank_setup import seed_everything, wrap  # noqa: E402
 
 DATA_ROOT = ROOT.parent / "shared" / "data" / "medmnist"
 CPU = torch.device("cpu")
@@ -131,6 +131,7 @@ def compose_config(args: argparse.Namespace, overrides: tuple[str, ...] = ()) ->
              f"data.size={args.size}", "data.download=false", "device=cpu", f"num_threads={args.threads}",
              f"batch_size={args.batch}", f"seed={args.seed}", "optim=adam", f"optim.lr={LR}", "sched=none",
              f"limit_batches={args.warmup + args.steps}"]
+    register()
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         return OmegaConf.to_object(compose("config", overrides=fixed + list(overrides)))
 

@@ -29,6 +29,7 @@ from tests.test_train import RESULTS, history, small_run
 EPOCHS = 4
 RUN = (f"epochs={EPOCHS}", "skip_finished=false")  # reruns of one config must train, not be skipped
 NOT_RESULTS = ("perf/", "mem/", "time/")  # measurements of the process, not results
+FINAL = ("test/", "model/", "time/", "best_epoch", "stopped_epoch")  # logged once, at step `epochs`
 
 
 def results(uri: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
@@ -38,7 +39,7 @@ def results(uri: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
 def assert_one_value_per_epoch(uri: str, run_id: str) -> None:
     for key, values in history(uri, run_id).items():
         steps = [step for step, _ in values]
-        assert steps == ([EPOCHS] if key.startswith(("test/", "model/", "time/")) else list(range(EPOCHS))), key
+        assert steps == ([EPOCHS] if key.startswith(FINAL) else list(range(EPOCHS))), key
 
 
 def assert_same_weights(path: Path, reference: Path) -> None:

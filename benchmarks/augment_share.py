@@ -10,13 +10,14 @@ For each size (with its batch), on random volumes normalised as training normali
   ``step_generator`` per call as in training; then each part alone (flip + rot90, affine, intensity; the
   affine with ``affine_p=1``, so the grid sampling is always paid, as it is whenever ``affine_p > 0``).
 * ``step ms``: forward, cross-entropy, backward and Adam step of ``--model`` (``--stem`` stem, built by
-  ``src.models.build_model``, optimizer by ``src.engine.build_optimizer``), fp32 and under bf16 autocast
-  (``src.engine.Precision``).
+  ``src.models.build_model``, optimizer by ``src.training.optim.build_optimizer``), fp32 and under bf16 autocast
+  (``src.training.optim.Precision``).
 * ``share``: aug / (aug + step), the fraction of a training step that augmentation adds.
 
 Timing: the median of ``--reps`` timed calls (``--bf16-reps`` for bf16 steps; 0 skips them) after ``--warmup``
 untimed ones (``--step-warmup`` for steps), on ``--threads`` threads.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,25 +39,36 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from src import config as schema  # noqa: E402
-from src.augment import Augment, step_generator  # noqa: E402
 from src.config import AugConfig, Config, Stem  # noqa: E402
 from src.data import to_input  # noqa: E402
-from src.engine import Precision, build_optimizer  # noqa: E402
-from src.measure import device_name  # noqa: E402
 from src.models import build_model  # noqa: E402
-from src.rank_setup import seed_everything  # noqa: E402
+from src.parallel.ranks import seed_everything  # noqa: E402
+from src.training.augment import Augment, step_generator  # noqa: E402
+from src.training.meters import device_name  # noqa: E402
+from src.training.optim import Precision, build_optimizer  # noqa: E402
 
 CPU = torch.device("cpu")
-PARTS = {"flip+rot90": {"flip": True, "rot90": True},
-         "affine": {"affine": True, "affine_p": 1.0},
-         "intensity": {"intensity": True}}
+PARTS = {
+    "flip+rot90": {"flip": True, "rot90": True},
+    "affine": {"affine": True, "affine_p": 1.0},
+    "intensity": {"intensity": True},
+}
 
 
 def compose_config(args: argparse.Namespace, size: int, batch: int) -> Config:
     """The typed medsweep config of one row."""
-    overrides = [f"model={args.model}", f"model.stem={args.stem}", "data=adrenalmnist3d", f"data.size={size}",
-                 f"aug={args.aug}", "device=cpu", f"num_threads={args.threads}", f"batch_size={batch}",
-                 f"seed={args.seed}", "optim=adam"]
+    overrides = [
+        f"model={args.model}",
+        f"model.stem={args.stem}",
+        "data=adrenalmnist3d",
+        f"data.size={size}",
+        f"aug={args.aug}",
+        "device=cpu",
+        f"num_threads={args.threads}",
+        f"batch_size={batch}",
+        f"seed={args.seed}",
+        "optim=adam",
+    ]
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         return OmegaConf.to_object(compose("config", overrides=overrides))
 
@@ -84,11 +96,12 @@ def aug_ms(cfg: AugConfig, images: torch.Tensor, seed: int, args: argparse.Names
     return median_ms(lambda i: augment(images, step_generator(CPU, seed, 0, i, 0)), args.warmup, args.reps)
 
 
-def step_ms(cfg: Config, images: torch.Tensor, labels: torch.Tensor, amp: bool, reps: int,
-            args: argparse.Namespace) -> float:
+def step_ms(
+    cfg: Config, images: torch.Tensor, labels: torch.Tensor, amp: bool, reps: int, args: argparse.Namespace
+) -> float:
     """One training step: forward, loss, backward, optimizer step (bf16 autocast when ``amp``)."""
     seed_everything(cfg)
-    model = build_model(cfg.model, cfg.data.in_channels, cfg.data.num_classes, cfg.data.size).train()
+    model = build_model(cfg.model, cfg.data).train()
     optimizer = build_optimizer(cfg.optim, model.parameters())
     precision = Precision.build(amp, torch.bfloat16, CPU)
 
@@ -105,29 +118,42 @@ def step_ms(cfg: Config, images: torch.Tensor, labels: torch.Tensor, amp: bool, 
 def row(args: argparse.Namespace, size: int, batch: int) -> list[str]:
     cfg = compose_config(args, size, batch)
     data = torch.Generator().manual_seed(args.seed)
-    images = to_input(torch.randint(0, 256, (batch, cfg.data.in_channels, size, size, size), generator=data,
-                                    dtype=torch.uint8))
+    images = to_input(
+        torch.randint(0, 256, (batch, cfg.data.in_channels, size, size, size), generator=data, dtype=torch.uint8)
+    )
     labels = torch.randint(0, cfg.data.num_classes, (batch,), generator=data)
     aug = aug_ms(cfg.aug, images, args.seed, args)
     off = dataclasses.replace(cfg.aug, flip=False, rot90=False, affine=False, intensity=False)
-    parts = [aug_ms(dataclasses.replace(off, name=part, **switches), images, args.seed, args)
-             for part, switches in PARTS.items()]
-    steps = [step_ms(cfg, images, labels, amp, reps, args) if reps else None
-             for amp, reps in ((False, args.reps), (True, args.bf16_reps))]
-    return [f"{size}^3", str(batch), f"{aug:.2f}", *(f"{p:.2f}" for p in parts),
-            *(cell for s in steps for cell in ((f"{s:.0f}", f"{100 * aug / (aug + s):.1f}%") if s else ("-", "-")))]
+    parts = [
+        aug_ms(dataclasses.replace(off, name=part, **switches), images, args.seed, args)
+        for part, switches in PARTS.items()
+    ]
+    steps = [
+        step_ms(cfg, images, labels, amp, reps, args) if reps else None
+        for amp, reps in ((False, args.reps), (True, args.bf16_reps))
+    ]
+    return [
+        f"{size}^3",
+        str(batch),
+        f"{aug:.2f}",
+        *(f"{p:.2f}" for p in parts),
+        *(cell for s in steps for cell in ((f"{s:.0f}", f"{100 * aug / (aug + s):.1f}%") if s else ("-", "-"))),
+    ]
 
 
 def header(args: argparse.Namespace) -> str:
-    return "\n".join([
-        f"command: python {shlex.join(sys.argv)}",
-        f"torch {torch.__version__}; {torch.get_num_threads()} threads; CPU: {device_name(CPU)}; "
-        f"load average at start {os.getloadavg()[0]:.2f}; bf16 instructions (avx512_bf16/AMX): "
-        f"{'yes' if native_bf16() else 'no (oneDNN emulates bf16)'}",
-        f"model {args.model} ({args.stem} stem), Adam; aug={args.aug}; random volumes; medians of {args.reps} timed "
-        f"calls after {args.warmup} warm-up (steps: {args.step_warmup} warm-up; bf16: {args.bf16_reps} timed); "
-        "share = aug / (aug + step)",
-    ])
+    return "\n".join(
+        [
+            f"command: python {shlex.join(sys.argv)}",
+            f"torch {torch.__version__}; {torch.get_num_threads()} threads; CPU: {device_name(CPU)}; "
+            f"load average at start {os.getloadavg()[0]:.2f}; bf16 instructions (avx512_bf16/AMX): "
+            f"{'yes' if native_bf16() else 'no (oneDNN emulates bf16)'}",
+            f"model {args.model} ({args.stem} stem), Adam; aug={args.aug}; random volumes; "
+            f"medians of {args.reps} timed calls after {args.warmup} warm-up "
+            f"(steps: {args.step_warmup} warm-up; bf16: {args.bf16_reps} timed); "
+            "share = aug / (aug + step)",
+        ]
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -158,8 +184,16 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     print(header(args))
-    head = ["size", "batch", "aug ms", *(f"{part} ms" for part in PARTS), "step fp32 ms", "share fp32",
-            "step bf16 ms", "share bf16"]
+    head = [
+        "size",
+        "batch",
+        "aug ms",
+        *(f"{part} ms" for part in PARTS),
+        "step fp32 ms",
+        "share fp32",
+        "step bf16 ms",
+        "share bf16",
+    ]
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for size, batch in zip(args.sizes, args.batches):
         print("| " + " | ".join(row(args, size, batch)) + " |", flush=True)

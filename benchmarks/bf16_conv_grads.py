@@ -7,6 +7,7 @@ torch 2.13's CPU build (oneDNN 3.12, ``jit_bf16:avx512_core_bf16`` backward-weig
 small maps; the bad kernel can also corrupt the heap, so each case runs in a forked child and a child that
 dies reads as ``crash``. The reference is ``torch.nn.grad.conv3d_weight`` in float64 (oneDNN has no float64).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,30 +20,37 @@ import torch
 from torch import nn
 
 from src.models.layers import Conv3d
+from src.models.profile import autocast_weight_grad
 
 WRONG = 0.05  # relative error; bf16 rounding gives 0.2-1% on these convs
 # (C_in, C_out, kernel, stride, map): maps the zoo's convs see at 28^3 and 64^3 with the standard stem
-ZOO_SHAPES = [(1, 64, 7, 2, (28, 28, 28)), (64, 64, 3, 1, (7, 7, 7)), (128, 128, 3, 1, (4, 4, 4)),
-              (128, 256, 3, 2, (4, 4, 4)), (256, 256, 3, 1, (2, 2, 2)), (512, 512, 3, 1, (1, 1, 1)),
-              (128, 32, 3, 1, (4, 4, 4)), (128, 32, 3, 1, (2, 2, 2)), (128, 32, 3, 1, (1, 1, 1)),
-              (512, 128, 1, 1, (2, 2, 2)), (64, 64, 3, 1, (2, 4, 4)), (64, 128, 3, 2, (4, 1, 6))]
+ZOO_SHAPES = [
+    (1, 64, 7, 2, (28, 28, 28)),
+    (64, 64, 3, 1, (7, 7, 7)),
+    (128, 128, 3, 1, (4, 4, 4)),
+    (128, 256, 3, 2, (4, 4, 4)),
+    (256, 256, 3, 1, (2, 2, 2)),
+    (512, 512, 3, 1, (1, 1, 1)),
+    (128, 32, 3, 1, (4, 4, 4)),
+    (128, 32, 3, 1, (2, 2, 2)),
+    (128, 32, 3, 1, (1, 1, 1)),
+    (512, 128, 1, 1, (2, 2, 2)),
+    (64, 64, 3, 1, (2, 4, 4)),
+    (64, 128, 3, 2, (4, 1, 6)),
+]
 SCAN_CONVS = [(32, 32, 3, 1), (128, 32, 3, 1), (64, 128, 3, 2), (32, 32, 1, 1), (1, 32, 3, 1)]
 
 
-def autocast_weight_grad(conv: nn.Conv3d, x: torch.Tensor) -> tuple[torch.Tensor, float]:
-    """The conv's output under ``torch.autocast("cpu", bfloat16)`` and its weight gradient's ``|g - g64| / |g64|``
-    against the float64 reference, for a random output gradient."""
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = conv(x)
-    grad = torch.randn(out.shape)
-    out.float().backward(grad)
-    reference = torch.nn.grad.conv3d_weight(x.double(), conv.weight.shape, grad.double(), conv.stride, conv.padding)
-    return out, ((conv.weight.grad.double() - reference).norm() / reference.norm()).item()
-
-
-def relative_error(conv_type: type[nn.Conv3d], in_channels: int, out_channels: int, kernel: int, stride: int,
-                   shape: tuple[int, int, int], batch: int = 2) -> float:
-    """:func:`autocast_weight_grad`'s error for a seeded conv of ``conv_type`` on a random batch."""
+def relative_error(
+    conv_type: type[nn.Conv3d],
+    in_channels: int,
+    out_channels: int,
+    kernel: int,
+    stride: int,
+    shape: tuple[int, int, int],
+    batch: int = 2,
+) -> float:
+    """:func:`src.models.profile.autocast_weight_grad`'s error for a seeded conv of ``conv_type`` on a random batch."""
     torch.manual_seed(0)
     conv = conv_type(in_channels, out_channels, kernel, stride, kernel // 2, bias=False)
     return autocast_weight_grad(conv, torch.randn(batch, in_channels, *shape))[1]
@@ -72,8 +80,10 @@ def zoo_table() -> None:
     print("|---|---|---|---|---|---|---|")
     for cin, cout, kernel, stride, shape in ZOO_SHAPES:
         plain, ours = (in_child(kind, cin, cout, kernel, stride, shape) for kind in (nn.Conv3d, Conv3d))
-        print(f"| {cin} | {cout} | {kernel} | {stride} | {'x'.join(map(str, shape))} | {shown(plain)} | {shown(ours)} |",
-              flush=True)
+        print(
+            f"| {cin} | {cout} | {kernel} | {stride} | {'x'.join(map(str, shape))} | {shown(plain)} | {shown(ours)} |",
+            flush=True,
+        )
 
 
 def scan() -> None:
@@ -81,8 +91,10 @@ def scan() -> None:
     print("|---|---|---|---|---|---|---|")
     maps = list(itertools.product(range(1, 7), repeat=3))
     for cin, cout, kernel, stride in SCAN_CONVS:
-        bad = [sum(not in_child(kind, cin, cout, kernel, stride, shape) <= WRONG for shape in maps)
-               for kind in (nn.Conv3d, Conv3d)]
+        bad = [
+            sum(not in_child(kind, cin, cout, kernel, stride, shape) <= WRONG for shape in maps)
+            for kind in (nn.Conv3d, Conv3d)
+        ]
         print(f"| {cin} | {cout} | {kernel} | {stride} | {len(maps)} | {bad[0]} | {bad[1]} |", flush=True)
 
 

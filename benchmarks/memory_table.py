@@ -3,13 +3,15 @@
     python -m benchmarks.memory_table --threads 2 --steps 3              # from the project root
     python -m benchmarks.memory_table --held-out                         # cells the constants were not fitted on
 
-Each cell builds the model, loaders and ``Trainer`` as ``src.train.run_rank`` does (real AdrenalMNIST3D,
-``data.loader=tensor``), predicts with :func:`src.memory.predict` where ``run_rank`` does, and runs
+Each cell builds the model, loaders and ``Trainer`` with ``src.training.build.build_trainer`` as a run's rank
+does (real AdrenalMNIST3D, ``data.loader=tensor``), predicts with :func:`src.perf.memory.predict` as a run does,
+and runs
 ``Trainer.fit`` for one epoch of ``--steps`` optimizer steps: ``memory.start()``, ``train_epoch``, and the
 ``mem/peak_mb`` that epoch logs (evaluation comes after it). A cell runs in its own interpreter so no RSS
 peak leaks from one cell into the next. ``--cell KEY=VALUE ...`` runs one cell here and prints its result
 as one JSON line (the tests use it).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +27,14 @@ DATA_ROOT = ROOT.parent / "shared" / "data" / "medmnist"
 # ~50 forward GFLOPs per sample at 28^3; densenet121 at 64^3 so that its activations dominate.
 MODELS = (("resnet18", 28, "standard"), ("resnet18", 64, "standard"), ("densenet121", 64, "standard"))
 BATCHES = (4, 16)
-COLUMNS = {"model": "model", "data.size": "size", "model.stem": "stem", "batch_size": "batch", "amp": "amp",
-           "model.checkpointing": "ckpt"}
+COLUMNS = {
+    "model": "model",
+    "data.size": "size",
+    "model.stem": "stem",
+    "batch_size": "batch",
+    "amp": "amp",
+    "model.checkpointing": "ckpt",
+}
 HELD_OUT = (  # other models, batches, optimizers, two epochs (fit's copy of the best weights), the small stem
     "model=resnet18 data.size=64 model.stem=standard batch_size=8 optim=sgd",
     "model=resnet34 data.size=64 model.stem=standard batch_size=8 amp=true optim=adamw",
@@ -45,45 +53,50 @@ HELD_OUT = (  # other models, batches, optimizers, two epochs (fit's copy of the
 
 def grid() -> list[list[str]]:
     """Every model x batch x amp, checkpointing on and off for DenseNet only (ResNet ignores it)."""
-    return [[f"model={model}", f"data.size={size}", f"model.stem={stem}", f"batch_size={batch}",
-             f"amp={str(amp).lower()}", f"model.checkpointing={str(ckpt).lower()}"]
-            for model, size, stem in MODELS for batch in BATCHES for amp in (False, True)
-            for ckpt in ((False, True) if model.startswith("densenet") else (False,))]
+    return [
+        [
+            f"model={model}",
+            f"data.size={size}",
+            f"model.stem={stem}",
+            f"batch_size={batch}",
+            f"amp={str(amp).lower()}",
+            f"model.checkpointing={str(ckpt).lower()}",
+        ]
+        for model, size, stem in MODELS
+        for batch in BATCHES
+        for amp in (False, True)
+        for ckpt in ((False, True) if model.startswith("densenet") else (False,))
+    ]
 
 
 def run_cell(overrides: list[str]) -> dict:
     """Train in this process as ``run_rank`` does; the prediction and the ``mem/peak_mb`` the run logs."""
-    import torch
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
     from src import config as schema
-    from src.data import load_splits, make_loader
-    from src.dist import Rank
-    from src.engine import Trainer, resolve_device
-    from src.memory import predict
-    from src.models import build_model
-    from src.rank_setup import flops_per_sample, seed_everything, wrap
+    from src.parallel.ranks import seed_everything
+    from src.perf.memory import predict
+    from src.resolve import resolve_device
+    from src.training.build import build_trainer
+    from src.training.mfu import Mfu
+    from src.training.trainer import Hooks
 
     schema.register()
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = OmegaConf.to_object(compose("config", overrides=overrides))
-    device, rank = resolve_device(cfg), Rank()
+    device = resolve_device(cfg)
     seed_everything(cfg)
-    splits = load_splits(cfg.data)
-    model = build_model(cfg.model, cfg.data.in_channels, cfg.data.num_classes, cfg.data.size)
-    memory_format = torch.channels_last_3d if cfg.channels_last else torch.contiguous_format
-    model = model.to(device, memory_format=memory_format)
-    model = wrap(torch.compile(model) if cfg.compile else model, cfg, device, rank, ())
-    loaders = {split: make_loader(cfg.data, tensors, cfg.batch_size, cfg.seed, split == "train", device)
-               for split, tensors in splits.items()}
     prediction = predict(cfg, device)
-    trainer = Trainer(cfg, model, loaders, device, rank, flops_per_sample(cfg), predicted_mb=prediction.total_mb)
+    trainer = build_trainer(cfg, device, hooks=Hooks(epoch_metrics=(Mfu.of(cfg, device, 1),)))
     logged = []
     trainer.fit(lambda metrics, step: logged.append(metrics))
     last = [metrics for metrics in logged if "mem/peak_mb" in metrics][-1]
-    return {"prediction": dataclasses.asdict(prediction), "measured_mb": last["mem/peak_mb"],
-            "perf": {key: value for key, value in last.items() if key.startswith("perf/")}}
+    return {
+        "prediction": dataclasses.asdict(prediction),
+        "measured_mb": last["mem/peak_mb"],
+        "perf": {key: value for key, value in last.items() if key.startswith("perf/")},
+    }
 
 
 def row(overrides: list[str], result: dict) -> str:
@@ -92,8 +105,13 @@ def row(overrides: list[str], result: dict) -> str:
     cells = [values.pop(key, "false" if key in ("amp", "model.checkpointing") else "") for key in COLUMNS]
     cells[1] += "^3"
     predicted, measured = result["prediction"]["total_mb"], result["measured_mb"]
-    cells += [" ".join(f"{k}={v}" for k, v in values.items()), f"{predicted:.0f}",
-              f"{result['prediction']['activations_mb']:.0f}", f"{measured:.0f}", f"{measured / predicted:.2f}"]
+    cells += [
+        " ".join(f"{k}={v}" for k, v in values.items()),
+        f"{predicted:.0f}",
+        f"{result['prediction']['activations_mb']:.0f}",
+        f"{measured:.0f}",
+        f"{measured / predicted:.2f}",
+    ]
     return "| " + " | ".join(cells) + " |"
 
 
@@ -106,18 +124,42 @@ def main() -> None:
     parser.add_argument("--held-out", action="store_true", help="the held-out cells instead of the grid")
     parser.add_argument("--cell", nargs=argparse.REMAINDER, help="run one cell with these overrides, print JSON")
     args = parser.parse_args()
-    fixed = ["data=adrenalmnist3d", f"data.root={args.data_root}", "data.download=false", f"device={args.device}",
-             f"num_threads={args.threads}", f"limit_batches={args.steps}", "epochs=1"]
+    fixed = [
+        "data=adrenalmnist3d",
+        f"data.root={args.data_root}",
+        "data.download=false",
+        f"device={args.device}",
+        f"num_threads={args.threads}",
+        f"limit_batches={args.steps}",
+        "epochs=1",
+    ]
     if args.cell is not None:
         print(json.dumps(run_cell(fixed + args.cell)))
         return
     print(f"| {' | '.join(COLUMNS.values())} | other | predicted MiB | activations MiB | measured MiB | ratio |")
     print("|---" * (len(COLUMNS) + 5) + "|")
     for overrides in [cell.split() for cell in HELD_OUT] if args.held_out else grid():
-        result = subprocess.run([sys.executable, "-m", "benchmarks.memory_table", "--data-root", args.data_root,
-                                 "--threads", str(args.threads), "--device", args.device, "--steps", str(args.steps),
-                                 "--cell", *overrides],
-                                cwd=ROOT, capture_output=True, text=True, check=True)
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.memory_table",
+                "--data-root",
+                args.data_root,
+                "--threads",
+                str(args.threads),
+                "--device",
+                args.device,
+                "--steps",
+                str(args.steps),
+                "--cell",
+                *overrides,
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         print(row(overrides, json.loads(result.stdout.splitlines()[-1])), flush=True)
 
 

@@ -7,6 +7,7 @@ For choosing a recipe (``conf/experiment/``) where no MLflow store is at hand (a
 composition and ``Trainer`` as ``python -m src.train`` builds them, no MLflow. Rows sorted by the best epoch's
 validation AUC, the only column to choose by; the test columns are the MedMNIST protocol's, for the record.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,9 +20,10 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from src import config as schema
-from src.engine import resolve_device
-from src.measure import device_name
-from src.rank_setup import build_trainer, seed_everything
+from src.parallel.ranks import seed_everything
+from src.resolve import resolve_device
+from src.training.build import build_trainer
+from src.training.meters import device_name
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 COLUMNS = ("val/auc", "test/auc", "test/acc", "test/balanced_acc", "test/ece", "best_epoch", "stopped_epoch")
@@ -41,8 +43,12 @@ def train(overrides: list[str]) -> dict[str, float]:
     start, epochs = time.perf_counter(), []
     final = trainer.fit(lambda metrics, step: epochs.append(metrics))
     speed = [m["perf/samples_per_s"] for m in epochs if "perf/samples_per_s" in m]
-    return {**final, "val/auc": trainer.best_auc, "minutes": (time.perf_counter() - start) / 60,
-            "samples/s": sum(speed) / max(1, len(speed))}
+    return {
+        **final,
+        "val/auc": trainer.best_auc,
+        "minutes": (time.perf_counter() - start) / 60,
+        "samples/s": sum(speed) / max(1, len(speed)),
+    }
 
 
 def main() -> None:
@@ -61,12 +67,23 @@ def main() -> None:
     for data in args.data:
         for candidate in args.candidate:
             for seed in args.seeds:
-                overrides = [f"data={data}", f"data.root={args.root}", "data.download=false", f"data.size={args.size}",
-                             *shlex.split(candidate), *shlex.split(args.extra), f"seed={seed}"]
+                overrides = [
+                    f"data={data}",
+                    f"data.root={args.root}",
+                    "data.download=false",
+                    f"data.size={args.size}",
+                    *shlex.split(candidate),
+                    *shlex.split(args.extra),
+                    f"seed={seed}",
+                ]
                 result = train(overrides)
                 cells = [f"{result[c]:.3f}" if c.startswith(("val", "test")) else f"{result[c]:.0f}" for c in COLUMNS]
-                print(f"| {data} {args.size} | `{candidate}` | {seed} | " + " | ".join(cells)
-                      + f" | {result['minutes']:.1f} | {result['samples/s']:.0f} |", flush=True)
+                print(
+                    f"| {data} {args.size} | `{candidate}` | {seed} | "
+                    + " | ".join(cells)
+                    + f" | {result['minutes']:.1f} | {result['samples/s']:.0f} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ built), optimizer (Adam, lr 1e-3), cross-entropy loss and number of warm-up and 
 * ``monai`` (when ``monai`` is installed): MONAI's 3D classification idiom: ``monai.data.ArrayDataset`` with
   ``ScaleIntensity`` + ``EnsureType``, ``monai.data.DataLoader``, MONAI's ``DenseNet121`` / ``resnet18``, the same
   loop. MONAI's ResNet gets the stem of ``--stem``; its DenseNet has only the standard stem and needs 64^3.
-* ``medsweep``: the real ``Trainer``, built as ``src.train.run_rank`` builds it, one ``train_epoch`` per round
+* ``medsweep``: the real ``Trainer``, built by ``src.training.build.build_trainer`` as a run's rank builds it,
+  one ``train_epoch`` per round
   (``limit_batches`` = warm-up + timed steps), with the ``--medsweep`` overrides (default: :data:`BEST`).
 
 Timing: in rounds; in each, every variant runs its warm-up steps untimed, then its timed steps, the variant
@@ -21,9 +22,11 @@ order reversing from round to round so that load from other processes falls on a
 does, from each variant's fastest round (on shared cores a slower round measures the other processes, not the
 loop): samples/s, ms per step, and the speed-up as the ratio of the fastest rounds; beside it the median and
 range of the per-round ratios, and every round's samples/s below the table.
-Peak memory: ``src.measure.MemoryMonitor`` (CPU: growth of the peak RSS, reset through /proc/self/clear_refs) over
+Peak memory: ``src.training.meters.MemoryMonitor`` (CPU: growth of the peak RSS, reset through
+/proc/self/clear_refs) over
 each variant's first round, variants one after another in this process, freed heap handed back (malloc_trim) first.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,21 +53,27 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 from src.config import Config, Stem, register  # noqa: E402
-from src.data import load_splits, make_loader, npz_path  # noqa: E402
-from src.dist import Rank  # noqa: E402
-from src.engine import Trainer  # noqa: E402
-from src.measure import MemoryMonitor, ThroughputMeter, device_name  # noqa: E402
+from src.data import load_splits, npz_path  # noqa: E402
 from src.models import build_model  # noqa: E402
 from src.models.layers import resolve_stem  # noqa: E402
-from src.rank_setup import seed_everything, wrap  # noqa: E402
+from src.parallel.ranks import seed_everything  # noqa: E402
+from src.training.build import build_trainer  # noqa: E402
+from src.training.meters import MemoryMonitor, ThroughputMeter, device_name  # noqa: E402
 
 DATA_ROOT = ROOT.parent / "shared" / "data" / "medmnist"
 CPU = torch.device("cpu")
 LR = 1e-3  # medsweep's default Adam learning rate, used by every variant
 VARIANTS = ("plain", "monai", "medsweep")
 # The medsweep switches --sweep-best flips, one at a time, away from their defaults.
-SWITCHES = ("channels_last=true", "data.loader=dataloader", "model.inplace_act=false", "compile=true",
-            "non_blocking=false", "amp=true", "optim.fused=true")
+SWITCHES = (
+    "channels_last=true",
+    "data.loader=dataloader",
+    "model.inplace_act=false",
+    "compile=true",
+    "non_blocking=false",
+    "amp=true",
+    "optim.fused=true",
+)
 MIN_GAIN = 1.05  # a flip counts as faster than the defaults from this speed-up on (noise guard)
 # The fastest medsweep overrides per model, found with --sweep-best on an AMD EPYC with avx512_bf16 (2 threads,
 # torch 2.13.0; docs/benchmarks.md): bf16 autocast and the fused optimizer; the other switches moved the step
@@ -105,9 +114,11 @@ def read_train(path: Path) -> tuple[np.ndarray, np.ndarray]:
         return npz["train_images"], npz["train_labels"].reshape(-1).astype(np.int64)
 
 
-def tutorial_round(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer, warmup: int,
-                   steps: int) -> float:
-    """``warmup + steps`` steps of the tutorials' loop on a fresh pass over ``loader``; seconds of the last ``steps``."""
+def tutorial_round(
+    model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer, warmup: int, steps: int
+) -> float:
+    """``warmup + steps`` steps of the tutorials' loop on a fresh pass over ``loader``; seconds of the last
+    ``steps``."""
     criterion = nn.CrossEntropyLoss()
     model.train()
     running_loss = 0.0
@@ -127,10 +138,22 @@ def tutorial_round(model: nn.Module, loader: DataLoader, optimizer: torch.optim.
 
 def compose_config(args: argparse.Namespace, overrides: tuple[str, ...] = ()) -> Config:
     """The typed medsweep config of this benchmark's setting plus ``overrides``."""
-    fixed = [f"model={args.model}", f"model.stem={args.stem}", "data=adrenalmnist3d", f"data.root={args.data_root}",
-             f"data.size={args.size}", "data.download=false", "device=cpu", f"num_threads={args.threads}",
-             f"batch_size={args.batch}", f"seed={args.seed}", "optim=adam", f"optim.lr={LR}", "sched=none",
-             f"limit_batches={args.warmup + args.steps}"]
+    fixed = [
+        f"model={args.model}",
+        f"model.stem={args.stem}",
+        "data=adrenalmnist3d",
+        f"data.root={args.data_root}",
+        f"data.size={args.size}",
+        "data.download=false",
+        "device=cpu",
+        f"num_threads={args.threads}",
+        f"batch_size={args.batch}",
+        f"seed={args.seed}",
+        "optim=adam",
+        f"optim.lr={LR}",
+        "sched=none",
+        f"limit_batches={args.warmup + args.steps}",
+    ]
     register()
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         return OmegaConf.to_object(compose("config", overrides=fixed + list(overrides)))
@@ -139,12 +162,16 @@ def compose_config(args: argparse.Namespace, overrides: tuple[str, ...] = ()) ->
 def plain_variant(cfg: Config, data: tuple[np.ndarray, np.ndarray], workers: int, warmup: int) -> Variant:
     """The tutorials' loop on medsweep's zoo model with its default switches."""
     seed_everything(cfg)
-    model = build_model(cfg.model, cfg.data.in_channels, cfg.data.num_classes, cfg.data.size)
+    model = build_model(cfg.model, cfg.data)
     loader = DataLoader(NpzVolumes(*data), batch_size=cfg.batch_size, shuffle=True, num_workers=workers)
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     timed = cfg.limit_batches - warmup
-    return Variant("plain", f"{cfg.model.name} (medsweep zoo)", stem_name(cfg),
-                   lambda: tutorial_round(model, loader, optimizer, warmup, timed))
+    return Variant(
+        "plain",
+        f"{cfg.model.name} (medsweep zoo)",
+        stem_name(cfg),
+        lambda: tutorial_round(model, loader, optimizer, warmup, timed),
+    )
 
 
 def monai_model(cfg: Config) -> nn.Module:
@@ -153,8 +180,11 @@ def monai_model(cfg: Config) -> nn.Module:
 
     if cfg.model.name == "densenet121":
         return DenseNet121(spatial_dims=3, in_channels=cfg.data.in_channels, out_channels=cfg.data.num_classes)
-    stem = ({"conv1_t_size": 7, "conv1_t_stride": 2} if stem_name(cfg) == "standard"
-            else {"conv1_t_size": 3, "conv1_t_stride": 1, "no_max_pool": True})
+    stem = (
+        {"conv1_t_size": 7, "conv1_t_stride": 2}
+        if stem_name(cfg) == "standard"
+        else {"conv1_t_size": 3, "conv1_t_stride": 1, "no_max_pool": True}
+    )
     return resnet18(spatial_dims=3, n_input_channels=cfg.data.in_channels, num_classes=cfg.data.num_classes, **stem)
 
 
@@ -182,25 +212,27 @@ def monai_variant(cfg: Config, data: tuple[np.ndarray, np.ndarray], workers: int
     loader = MonaiDataLoader(dataset, batch_size=cfg.batch_size, shuffle=True, num_workers=workers)
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     timed = cfg.limit_batches - warmup
-    return Variant("monai", f"MONAI {type(model).__name__}", stem_name(cfg),
-                   lambda: tutorial_round(model, loader, optimizer, warmup, timed))
+    return Variant(
+        "monai",
+        f"MONAI {type(model).__name__}",
+        stem_name(cfg),
+        lambda: tutorial_round(model, loader, optimizer, warmup, timed),
+    )
 
 
 def medsweep_variant(cfg: Config, warmup: int, name: str = "medsweep") -> Variant:
     """medsweep's ``Trainer`` as ``run_rank`` builds it; a round is one ``train_epoch`` whose meter skips ``warmup``."""
     seed_everything(cfg)
-    splits = load_splits(cfg.data)
-    model = build_model(cfg.model, cfg.data.in_channels, cfg.data.num_classes, cfg.data.size)
-    memory_format = torch.channels_last_3d if cfg.channels_last else torch.contiguous_format
-    model = model.to(CPU, memory_format=memory_format)
-    model = wrap(torch.compile(model) if cfg.compile else model, cfg, CPU, Rank(), ())
-    loader = make_loader(cfg.data, splits["train"], cfg.batch_size, cfg.seed, True, CPU)
-    trainer = Trainer(cfg, model, {"train": loader}, CPU)
+    trainer = build_trainer(cfg, CPU, splits={"train": load_splits(cfg.data)["train"]})
     trainer.meter = ThroughputMeter(CPU, warmup=warmup)
     epochs = itertools.count()
     timed = cfg.limit_batches - warmup
-    return Variant(name, f"{cfg.model.name} (medsweep zoo)", stem_name(cfg),
-                   lambda: trainer.train_epoch(next(epochs))["perf/step_ms"] * timed / 1000)
+    return Variant(
+        name,
+        f"{cfg.model.name} (medsweep zoo)",
+        stem_name(cfg),
+        lambda: trainer.train_epoch(next(epochs))["perf/step_ms"] * timed / 1000,
+    )
 
 
 def stem_name(cfg: Config) -> str:
@@ -229,42 +261,65 @@ def speedup(variant: Variant, reference: Variant) -> float:
 def speedup_cell(variant: Variant, reference: Variant) -> str:
     """The speed-up, then the median and range of the per-round ratios (rounds paired in time)."""
     ratios = [ref / own for ref, own in zip(reference.seconds, variant.seconds)]
-    return (f"**{speedup(variant, reference):.2f}x** (per round {statistics.median(ratios):.2f}, "
-            f"{min(ratios):.2f}-{max(ratios):.2f})")
+    return (
+        f"**{speedup(variant, reference):.2f}x** (per round {statistics.median(ratios):.2f}, "
+        f"{min(ratios):.2f}-{max(ratios):.2f})"
+    )
 
 
 def table(variants: list[Variant], references: dict[str, Variant], args: argparse.Namespace) -> str:
     """The Markdown table: one row per variant, one speed-up column per reference."""
-    head = ["variant", "model", "size", "stem", "batch", "samples/s", "step ms", "peak MiB",
-            *[f"speed-up vs {label}" for label in references]]
+    head = [
+        "variant",
+        "model",
+        "size",
+        "stem",
+        "batch",
+        "samples/s",
+        "step ms",
+        "peak MiB",
+        *[f"speed-up vs {label}" for label in references],
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for v in variants:
         fastest = min(v.seconds)
-        cells = [v.name, v.model, f"{args.size}^3", v.stem, str(args.batch), f"{args.batch * args.steps / fastest:.2f}",
-                 f"{1000 * fastest / args.steps:.0f}", f"{v.peak_mb:.0f}",
-                 *(speedup_cell(v, reference) for reference in references.values())]
+        cells = [
+            v.name,
+            v.model,
+            f"{args.size}^3",
+            v.stem,
+            str(args.batch),
+            f"{args.batch * args.steps / fastest:.2f}",
+            f"{1000 * fastest / args.steps:.0f}",
+            f"{v.peak_mb:.0f}",
+            *(speedup_cell(v, reference) for reference in references.values()),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def rounds_line(variants: list[Variant], args: argparse.Namespace) -> str:
     return "samples/s per round: " + "; ".join(
-        f"{v.name} " + " ".join(f"{args.batch * args.steps / s:.2f}" for s in v.seconds) for v in variants)
+        f"{v.name} " + " ".join(f"{args.batch * args.steps / s:.2f}" for s in v.seconds) for v in variants
+    )
 
 
 def header(args: argparse.Namespace, n_train: int) -> str:
     monai = f", monai {version('monai')}" if find_spec("monai") else ""
-    return "\n".join([
-        f"command: python {shlex.join(sys.argv)}",
-        f"torch {torch.__version__}{monai}; {torch.get_num_threads()} threads; CPU: {device_name(CPU)}; "
-        f"load average at start {os.getloadavg()[0]:.2f}",
-        f"AdrenalMNIST3D {args.size}^3, {n_train} training volumes; batch {args.batch}; seed {args.seed}; Adam lr {LR}; "
-        f"per round {args.warmup} warm-up + {args.steps} timed steps, {args.repeats} rounds; loader workers {args.workers}",
-        "timing in one process, variant order reversed every other round; samples/s and step ms: fastest round; "
-        "speed-up: ratio of the fastest rounds (per-round ratios: median, min-max)",
-        "peak MiB: MemoryMonitor (CPU: peak RSS growth, reset via /proc/self/clear_refs) over each variant's first "
-        "round, measured one after another in this process, malloc_trim before each",
-    ])
+    return "\n".join(
+        [
+            f"command: python {shlex.join(sys.argv)}",
+            f"torch {torch.__version__}{monai}; {torch.get_num_threads()} threads; CPU: {device_name(CPU)}; "
+            f"load average at start {os.getloadavg()[0]:.2f}",
+            f"AdrenalMNIST3D {args.size}^3, {n_train} training volumes; batch {args.batch}; seed {args.seed}; "
+            f"Adam lr {LR}; per round {args.warmup} warm-up + {args.steps} timed steps, {args.repeats} rounds; "
+            f"loader workers {args.workers}",
+            "timing in one process, variant order reversed every other round; samples/s and step ms: fastest round; "
+            "speed-up: ratio of the fastest rounds (per-round ratios: median, min-max)",
+            "peak MiB: MemoryMonitor (CPU: peak RSS growth, reset via /proc/self/clear_refs) over each variant's first "
+            "round, measured one after another in this process, malloc_trim before each",
+        ]
+    )
 
 
 def run_variants(args: argparse.Namespace, data: tuple[np.ndarray, np.ndarray]) -> None:
@@ -294,11 +349,11 @@ def sweep_best(args: argparse.Namespace, data: tuple[np.ndarray, np.ndarray]) ->
     flips = [medsweep_variant(compose_config(args, (s,)), args.warmup, s) for s in SWITCHES]
     references = {"plain": plain, "medsweep defaults": defaults}
     scores = timed_table([plain, defaults, *flips], references, args)
-    gains = sorted((v for v in flips if speedup(v, defaults) >= MIN_GAIN),
-                   key=lambda v: scores[v.name], reverse=True)
+    gains = sorted((v for v in flips if speedup(v, defaults) >= MIN_GAIN), key=lambda v: scores[v.name], reverse=True)
     if len(gains) > 1:
-        together = medsweep_variant(compose_config(args, tuple(v.name for v in gains)), args.warmup,
-                                    " ".join(v.name for v in gains))
+        together = medsweep_variant(
+            compose_config(args, tuple(v.name for v in gains)), args.warmup, " ".join(v.name for v in gains)
+        )
         for v in (plain, defaults, gains[0]):
             v.seconds.clear()
         scores.update(timed_table([plain, defaults, gains[0], together], references, args))
@@ -329,8 +384,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=0, help="DataLoader workers of plain and monai")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma list of plain, monai, medsweep")
-    parser.add_argument("--medsweep", help="Hydra overrides of the medsweep variant, space separated "
-                                           "(default: the model's best found by --sweep-best)")
+    parser.add_argument(
+        "--medsweep",
+        help="Hydra overrides of the medsweep variant, space separated "
+        "(default: the model's best found by --sweep-best)",
+    )
     parser.add_argument("--sweep-best", action="store_true", help="find the fastest medsweep switches instead")
     parser.add_argument("--data-root", default=str(DATA_ROOT))
     args = parser.parse_args(argv)

@@ -3,6 +3,7 @@
 Enum members are named in lower case (or as the override spells them, like ``B``) because
 OmegaConf matches an override against the member *name*.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -10,7 +11,6 @@ from enum import Enum
 from typing import Any, Optional
 
 from omegaconf import MISSING
-
 
 OBJECTIVES = ("test/auc", "val/auc")  # what a job can return: the test AUC, or the best epoch's validation AUC
 
@@ -161,8 +161,14 @@ class AugConfig:
     noise_std: float = 0.0
 
     def __post_init__(self) -> None:
-        for key in ("affine_degrees", "affine_scale", "affine_translate", "intensity_scale", "intensity_shift",
-                    "noise_std"):
+        for key in (
+            "affine_degrees",
+            "affine_scale",
+            "affine_translate",
+            "intensity_scale",
+            "intensity_shift",
+            "noise_std",
+        ):
             if getattr(self, key) < 0:
                 raise ValueError(f"aug.{key}={getattr(self, key)} must be >= 0")
         if not 0 <= self.affine_p <= 1:
@@ -271,8 +277,10 @@ class Config:
         if not named and not (isinstance(self.batch_size, int) and not isinstance(self.batch_size, bool)):
             raise ValueError(f"batch_size={self.batch_size} must be an integer >= 1, auto or derived")
         if self.batch_size == "derived" and self.effective_batch_size is None:
-            raise ValueError("batch_size=derived needs effective_batch_size=<n>: batch_size is "
-                             "effective_batch_size / (accumulate x ranks)")
+            raise ValueError(
+                "batch_size=derived needs effective_batch_size=<n>: batch_size is "
+                "effective_batch_size / (accumulate x ranks)"
+            )
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective={self.objective} is not a job result: use one of {', '.join(OBJECTIVES)}")
         for key in (() if named else ("batch_size",)) + ("accumulate", "epochs", "log_every"):
@@ -322,4 +330,3 @@ def register() -> None:
 
     ConfigStore.instance().store(name="base_config", node=Config)
     ConfigStore.instance().store(name="base_report", node=ReportConfig)
-

@@ -1,4 +1,5 @@
 """MedMNIST 3D data: checked `.npz` loading, download, a synthetic task, and seeded loaders."""
+
 from __future__ import annotations
 
 import hashlib
@@ -14,6 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
+from src.atomic import atomic_path
 from src.config import DataConfig, Loader
 from src.errors import UsageError
 
@@ -56,21 +58,25 @@ def download(cfg: DataConfig, path: Path) -> None:
     """Fetch the official file (or ``data.url``) to ``path`` atomically, then verify its MD5."""
     info = medmnist_info(cfg)
     url = cfg.url or info["url" if cfg.size == 28 else f"url_{cfg.size}"]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".npz.part")
     log.info("downloading %s -> %s", url, path)
+    with atomic_path(path) as partial:
+        fetch(url, partial, cfg)
+        got, want = md5(partial), expected_md5(cfg)
+        if got != want:
+            raise UsageError(
+                f"downloaded {url} has MD5 {got}, expected {want}: retry, or set data.url to a good mirror"
+            )
+
+
+def fetch(url: str, to: Path, cfg: DataConfig) -> None:
     try:
-        with urllib.request.urlopen(url, timeout=60) as response, partial.open("wb") as out:
+        with urllib.request.urlopen(url, timeout=60) as response, to.open("wb") as out:
             shutil.copyfileobj(response, out)
     except OSError as err:
-        partial.unlink(missing_ok=True)
-        raise UsageError(f"download of {url} failed ({err}): check the network, or put {path.name} "
-                         f"in data.root={cfg.root} and set data.download=false") from None
-    got, want = md5(partial), expected_md5(cfg)
-    if got != want:
-        partial.unlink()
-        raise UsageError(f"downloaded {url} has MD5 {got}, expected {want}: retry, or set data.url to a good mirror")
-    partial.rename(path)
+        raise UsageError(
+            f"download of {url} failed ({err}): check the network, or put {npz_path(cfg).name} "
+            f"in data.root={cfg.root} and set data.download=false"
+        ) from None
 
 
 def ensure_file(cfg: DataConfig) -> Path:
@@ -83,13 +89,17 @@ def ensure_file(cfg: DataConfig) -> Path:
     medmnist_info(cfg)
     if not path.exists():
         if not cfg.download:
-            raise UsageError(f"{path} not found and data.download=false: set data.download=true, "
-                             f"or data.root=<folder that holds {path.name}>")
+            raise UsageError(
+                f"{path} not found and data.download=false: set data.download=true, "
+                f"or data.root=<folder that holds {path.name}>"
+            )
         download(cfg, path)
     got, want = md5(path), expected_md5(cfg)
     if got != want:
-        raise UsageError(f"{path} has MD5 {got}, expected {want} (corrupt or partial file): "
-                         f"delete it and rerun with data.download=true")
+        raise UsageError(
+            f"{path} has MD5 {got}, expected {want} (corrupt or partial file): "
+            f"delete it and rerun with data.download=true"
+        )
     return path
 
 
@@ -99,7 +109,9 @@ def read_npz(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         with np.load(path, allow_pickle=False) as npz:
             return {s: (npz[f"{s}_images"], npz[f"{s}_labels"].reshape(-1).astype(np.int64)) for s in SPLITS}
     except (KeyError, ValueError, OSError, zipfile.BadZipFile) as err:
-        raise UsageError(f"{path} is not a MedMNIST .npz ({err}): delete it and rerun with data.download=true") from None
+        raise UsageError(
+            f"{path} is not a MedMNIST .npz ({err}): delete it and rerun with data.download=true"
+        ) from None
 
 
 def write_synthetic(cfg: DataConfig, path: Path) -> None:
@@ -122,10 +134,8 @@ def write_synthetic(cfg: DataConfig, path: Path) -> None:
             shape = (dist <= radius).astype(np.float32)
             images[i] = np.clip(200 * shape + rng.normal(30, 25, size=(s, s, s)), 0, 255).astype(np.uint8)
         arrays[f"{split}_images"], arrays[f"{split}_labels"] = images, labels
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".part.npz")
-    np.savez_compressed(partial, **arrays)
-    partial.rename(path)
+    with atomic_path(path) as partial, partial.open("wb") as out:
+        np.savez_compressed(out, **arrays)
 
 
 def load_splits(cfg: DataConfig) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -136,8 +146,10 @@ def load_splits(cfg: DataConfig) -> dict[str, tuple[torch.Tensor, torch.Tensor]]
         x = torch.from_numpy(images)
         x = x.unsqueeze(1) if x.ndim == 4 else x
         if tuple(x.shape[1:]) != (cfg.in_channels, cfg.size, cfg.size, cfg.size):
-            raise UsageError(f"{path} holds {split} images of shape {tuple(x.shape[1:])}, expected "
-                             f"{(cfg.in_channels, cfg.size, cfg.size, cfg.size)}: check data.size and data.in_channels")
+            raise UsageError(
+                f"{path} holds {split} images of shape {tuple(x.shape[1:])}, expected "
+                f"{(cfg.in_channels, cfg.size, cfg.size, cfg.size)}: check data.size and data.in_channels"
+            )
         splits[split] = (x, torch.from_numpy(labels))
     return splits
 
@@ -166,8 +178,8 @@ class SeededPermutation(Sampler[int]):
             order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 100_003 + self.epoch))
         else:
             order = torch.arange(self.n)
-        padded = torch.cat([order, order[:len(self) * self.world - self.n]])
-        return padded[self.rank::self.world]
+        padded = torch.cat([order, order[: len(self) * self.world - self.n]])
+        return padded[self.rank :: self.world]
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.order().tolist())
@@ -189,7 +201,7 @@ class TensorLoader:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         order = self.sampler.order().to(self.images.device)
         for start in range(0, len(self) * self.batch_size, self.batch_size):
-            idx = order[start:start + self.batch_size]
+            idx = order[start : start + self.batch_size]
             yield self.images[idx], self.labels[idx]
 
     def __len__(self) -> int:
@@ -202,14 +214,28 @@ def train_labels(loader: TensorLoader | DataLoader) -> torch.Tensor:
     return loader.labels if isinstance(loader, TensorLoader) else loader.dataset.tensors[1]
 
 
-def make_loader(cfg: DataConfig, split: tuple[torch.Tensor, torch.Tensor], batch_size: int, seed: int,
-                train: bool, device: torch.device, rank: int = 0, world: int = 1) -> TensorLoader | DataLoader:
+def make_loader(
+    cfg: DataConfig,
+    split: tuple[torch.Tensor, torch.Tensor],
+    batch_size: int,
+    seed: int,
+    train: bool,
+    device: torch.device,
+    rank: int = 0,
+    world: int = 1,
+) -> TensorLoader | DataLoader:
     """A loader yielding uint8 image batches and labels; training order is seeded, sharded over ``world``
     ranks, and drops the last partial batch. Evaluation loaders are whole and in order."""
     images, labels = split
     sampler = SeededPermutation(len(labels), seed, shuffle=train, rank=rank, world=world if train else 1)
     if cfg.loader is Loader.tensor:
         return TensorLoader(images.to(device), labels.to(device), batch_size, sampler, drop_last=train)
-    return DataLoader(TensorDataset(images, labels), batch_size=batch_size, sampler=sampler, drop_last=train,
-                      num_workers=cfg.num_workers, pin_memory=cfg.pin_memory and device.type == "cuda",
-                      persistent_workers=cfg.num_workers > 0)
+    return DataLoader(
+        TensorDataset(images, labels),
+        batch_size=batch_size,
+        sampler=sampler,
+        drop_last=train,
+        num_workers=cfg.num_workers,
+        pin_memory=cfg.pin_memory and device.type == "cuda",
+        persistent_workers=cfg.num_workers > 0,
+    )

@@ -1,15 +1,28 @@
 """src/augment.py: seeded per-sample augmentation, exact voxel moves, background padding, layouts, step streams."""
+
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from src.augment import (BACKGROUND, PLANES, Augment, affine_grid, affine_matrices, permute_voxels, resample,
-                         step_generator, step_seed)
 from src.config import AugConfig
+from src.training.augment import (
+    BACKGROUND,
+    PLANES,
+    Augment,
+    affine_grid,
+    affine_matrices,
+    permute_voxels,
+    resample,
+    step_generator,
+    step_seed,
+)
+from tests.helpers import ROOT
 
 SWITCHES = ("flip", "rot90", "affine", "intensity")
 
@@ -122,8 +135,9 @@ def test_affine_quarter_turn_about_an_axis_is_a_rot90(axis):
 def test_affine_grid_equals_torchs():
     theta = torch.randn((3, 3, 4), generator=gen())
     shape = torch.Size((3, 2, 5, 6, 7))
-    torch.testing.assert_close(affine_grid(theta, shape), F.affine_grid(theta, list(shape), align_corners=False),
-                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        affine_grid(theta, shape), F.affine_grid(theta, list(shape), align_corners=False), atol=1e-6, rtol=0
+    )
 
 
 def test_affine_matrices_stay_in_their_ranges():
@@ -197,10 +211,12 @@ def test_step_generator_streams_are_a_pure_function_of_the_tuple():
     assert all(0 <= step_seed(*key) < 2**63 for key in itertools.product((-1, 0, 2**70), repeat=4))
 
 
-def test_benchmark_wants_one_batch_size_per_size(capsys):
-    from benchmarks import augment_share
-
-    assert augment_share.parse_args([]).batches == [16, 4]
-    with pytest.raises(SystemExit):
-        augment_share.parse_args(["--sizes", "28", "64", "--batches", "8"])
-    assert "one value per size" in capsys.readouterr().err
+def test_benchmark_wants_one_batch_size_per_size():
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.augment_share", "--sizes", "28", "64", "--batches", "8"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2 and "one value per size" in result.stderr

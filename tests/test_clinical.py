@@ -1,4 +1,5 @@
 """Clinical metrics against scikit-learn and medmnist's own accuracy, calibration on known cases, the artifacts."""
+
 from __future__ import annotations
 
 import math
@@ -11,7 +12,13 @@ import pytest
 from medmnist.evaluator import getACC
 from sklearn.metrics import accuracy_score, balanced_accuracy_score, recall_score, roc_auc_score
 
-from src.clinical import class_names, clinical_metrics, expected_calibration_error, predicted, write_eval_artifacts
+from src.training.metrics import (
+    class_names,
+    clinical_metrics,
+    expected_calibration_error,
+    predicted,
+    write_eval_artifacts,
+)
 
 
 def random_split(n: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

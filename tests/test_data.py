@@ -1,4 +1,5 @@
 """MedMNIST loading on the real files, checksums, the download path (local HTTP server), synthetic data, loaders."""
+
 from __future__ import annotations
 
 import functools
@@ -30,14 +31,18 @@ def test_real_files_load_with_their_shapes(shared_data, size):
 
 
 def test_missing_file_without_download_names_the_fix(tmp_path):
-    with pytest.raises(UsageError, match=r"adrenalmnist3d\.npz not found and data\.download=false: set data\.download=true"):
+    with pytest.raises(
+        UsageError, match=r"adrenalmnist3d\.npz not found and data\.download=false: set data\.download=true"
+    ):
         load_splits(adrenal(tmp_path, download=False))
 
 
 def test_wrong_checksum_is_refused(tmp_path, shared_data):
     bad = tmp_path / "adrenalmnist3d.npz"
     shutil.copy(shared_data / "vesselmnist3d.npz", bad)
-    with pytest.raises(UsageError, match="has MD5 b41fd4f7e7e2feedddb201585ecafa1b, expected bbd3c5a5576322bc4cdfea780653b1ce"):
+    with pytest.raises(
+        UsageError, match="has MD5 b41fd4f7e7e2feedddb201585ecafa1b, expected bbd3c5a5576322bc4cdfea780653b1ce"
+    ):
         load_splits(adrenal(tmp_path, download=False))
 
 
@@ -103,8 +108,14 @@ def test_loaders_are_seeded_epoch_varying_and_agree(shared_data):
     cfg = adrenal(shared_data, download=False)
     train = load_splits(cfg)["train"]
     tensor = make_loader(cfg, train, 64, seed=3, train=True, device=torch.device("cpu"))
-    standard = make_loader(DataConfig(**{**cfg.__dict__, "loader": Loader.dataloader}), train, 64, seed=3,
-                           train=True, device=torch.device("cpu"))
+    standard = make_loader(
+        DataConfig(**{**cfg.__dict__, "loader": Loader.dataloader}),
+        train,
+        64,
+        seed=3,
+        train=True,
+        device=torch.device("cpu"),
+    )
     first, again, other_epoch = batches(tensor, 0), batches(tensor, 0), batches(tensor, 1)
     assert len(first) == 1188 // 64  # drop_last in training
     assert all(torch.equal(a[1], b[1]) for a, b in zip(first, again))

@@ -1,4 +1,5 @@
 """The train step and evaluation: MedMNIST's metrics, accumulation, precision choices."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -9,24 +10,36 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from src.data import load_splits, make_loader, to_input
-from src.engine import Trainer, build_optimizer, class_weights, cpu_has_fast_bf16, medmnist_metrics, resolve_amp_dtype
 from src.errors import UsageError
-from tests.conftest import compose_config
+from src.resolve import cpu_has_fast_bf16, resolve_amp_dtype
+from src.training.metrics import medmnist_metrics
+from src.training.optim import build_optimizer, class_weights
+from src.training.trainer import Trainer
+from tests.helpers import compose_config
 
 
 def tiny_net(num_classes: int = 2) -> nn.Module:
     """Batch-independent (GroupNorm), so a split batch gives the same gradients as the whole one."""
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv3d(1, 4, 3, stride=2), nn.GroupNorm(2, 4), nn.ReLU(), nn.AdaptiveAvgPool3d(1),
-                         nn.Flatten(), nn.Linear(4, num_classes))
+    return nn.Sequential(
+        nn.Conv3d(1, 4, 3, stride=2),
+        nn.GroupNorm(2, 4),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool3d(1),
+        nn.Flatten(),
+        nn.Linear(4, num_classes),
+    )
 
 
 def trainer_for(*overrides: str, data_root, model: nn.Module | None = None) -> Trainer:
-    cfg = OmegaConf.to_object(compose_config("data=adrenalmnist3d", f"data.root={data_root}", "data.download=false",
-                                             "device=cpu", *overrides))
+    cfg = OmegaConf.to_object(
+        compose_config("data=adrenalmnist3d", f"data.root={data_root}", "data.download=false", "device=cpu", *overrides)
+    )
     cpu = torch.device("cpu")
-    loaders = {s: make_loader(cfg.data, t, cfg.batch_size, cfg.seed, s == "train", cpu)
-               for s, t in load_splits(cfg.data).items()}
+    loaders = {
+        s: make_loader(cfg.data, t, cfg.batch_size, cfg.seed, s == "train", cpu)
+        for s, t in load_splits(cfg.data).items()
+    }
     return Trainer(cfg, model or tiny_net(), loaders, cpu)
 
 
@@ -42,8 +55,15 @@ def test_multiclass_metrics_equal_medmnist_evaluator(tmp_path):
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 11, size=(200, 1)).astype(np.uint8)
     empty = np.zeros((0, 28, 28, 28), np.uint8)
-    np.savez(tmp_path / "organmnist3d.npz", test_images=np.zeros((200, 28, 28, 28), np.uint8), test_labels=labels,
-             train_images=empty, train_labels=labels[:0], val_images=empty, val_labels=labels[:0])
+    np.savez(
+        tmp_path / "organmnist3d.npz",
+        test_images=np.zeros((200, 28, 28, 28), np.uint8),
+        test_labels=labels,
+        train_images=empty,
+        train_labels=labels[:0],
+        val_images=empty,
+        val_labels=labels[:0],
+    )
     scores = torch.from_numpy(rng.normal(size=(200, 11))).softmax(1).numpy()
     theirs = Evaluator("organmnist3d", "test", root=str(tmp_path)).evaluate(scores)
     assert medmnist_metrics(labels.reshape(-1), scores, "multi-class") == {"acc": theirs.ACC, "auc": theirs.AUC}
@@ -59,7 +79,9 @@ def test_trainer_evaluation_matches_evaluator_on_the_model_scores(shared_data):
     theirs = Evaluator("adrenalmnist3d", "val", root=str(shared_data)).evaluate(scores)
     assert ours["val/acc"] == theirs.ACC
     assert ours["val/auc"] == pytest.approx(theirs.AUC, abs=1e-6)  # batched vs whole forward: float rounding
-    assert ours["val/loss"] == pytest.approx(nn.functional.cross_entropy(model(to_input(images)), labels).item(), rel=1e-5)
+    assert ours["val/loss"] == pytest.approx(
+        nn.functional.cross_entropy(model(to_input(images)), labels).item(), rel=1e-5
+    )
 
 
 def test_auc_is_nan_where_a_split_has_one_class():
@@ -129,8 +151,12 @@ def test_weighted_smoothed_loss_is_torchs(shared_data):
     images, labels = trainer._batch(next(iter(trainer.loaders["train"])))
     loss, _ = trainer._micro_step(images, labels)
     with torch.no_grad():
-        expected = nn.functional.cross_entropy(trainer.model(images), labels, label_smoothing=0.1,
-                                               weight=torch.tensor([1188 / (2 * 929), 1188 / (2 * 259)]))
+        expected = nn.functional.cross_entropy(
+            trainer.model(images),
+            labels,
+            label_smoothing=0.1,
+            weight=torch.tensor([1188 / (2 * 929), 1188 / (2 * 259)]),
+        )
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
 
 
@@ -149,8 +175,9 @@ def test_warmup_with_a_per_step_schedule_is_refused(shared_data):
 
 
 def test_early_stopping_stops_after_patience_epochs_without_a_better_val_auc(shared_data):
-    trainer = trainer_for("early_stop_patience=2", "epochs=10", "limit_batches=1", "batch_size=4",
-                          "optim.lr=0", data_root=shared_data)  # lr 0: val/auc never improves after epoch 1
+    trainer = trainer_for(
+        "early_stop_patience=2", "epochs=10", "limit_batches=1", "batch_size=4", "optim.lr=0", data_root=shared_data
+    )  # lr 0: val/auc never improves after epoch 1
     logged = []
     final = trainer.fit(lambda metrics, step: logged.append((step, metrics)))
     assert [step for step, _ in logged] == [0, 1, 2, 10]
@@ -186,8 +213,9 @@ def test_fused_optimizer_takes_the_per_parameter_loops_steps(name):
 
 
 def test_augmentation_is_seeded_per_step_and_off_in_evaluation(shared_data):
-    same, again, other = (trainer_for("aug=standard", f"seed={s}", "batch_size=4", data_root=shared_data)
-                          for s in (0, 0, 1))
+    same, again, other = (
+        trainer_for("aug=standard", f"seed={s}", "batch_size=4", data_root=shared_data) for s in (0, 0, 1)
+    )
     batch = next(iter(same.loaders["train"]))
     augmented = same._train_batch(batch, epoch=0, micro_step=0)[0]
     assert torch.equal(augmented, again._train_batch(batch, 0, 0)[0])  # same seed: same batches

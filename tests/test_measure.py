@@ -1,4 +1,5 @@
 """Out-of-memory tolerance (real torch.OutOfMemoryError by fault injection), batch auto-fit, FLOPs, MFU, switches."""
+
 from __future__ import annotations
 
 import pytest
@@ -6,11 +7,10 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from src.measure import KNOWN_PEAKS, peak_flops
-from src.memory import predict
 from src.models.profile import forward_flops, train_flops
-from tests.conftest import compose_config, run_cli, runs
-from tests.test_train import small_run
+from src.perf.memory import predict
+from src.training.meters import KNOWN_PEAKS, peak_flops
+from tests.helpers import compose_config, run_cli, runs, small_run
 
 
 def children(store):
@@ -18,8 +18,12 @@ def children(store):
 
 
 def test_an_oom_job_is_tagged_and_the_sweep_goes_on(tmp_path, store, shared_data):
-    result = run_cli("-m", *small_run(tmp_path, store, shared_data, "epochs=1", "fault.oom_step=1",
-                                      "fault.oom_min_batch=8", "batch_size=4,8"))
+    result = run_cli(
+        "-m",
+        *small_run(
+            tmp_path, store, shared_data, "epochs=1", "fault.oom_step=1", "fault.oom_min_batch=8", "batch_size=4,8"
+        ),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     by_batch = {r.data.params["batch_size"]: r for r in children(store)}
     assert by_batch["4"].info.status == "FINISHED"
@@ -31,11 +35,23 @@ def test_an_oom_job_is_tagged_and_the_sweep_goes_on(tmp_path, store, shared_data
 
 
 def test_oom_retry_halves_the_micro_batch_and_keeps_the_effective_batch(tmp_path, store, shared_data):
-    result = run_cli("-m", *small_run(tmp_path, store, shared_data, "epochs=1", "batch_size=8", "accumulate=1",
-                                      "oom_retry=true", "fault.oom_step=1", "fault.oom_min_batch=8"))
+    result = run_cli(
+        "-m",
+        *small_run(
+            tmp_path,
+            store,
+            shared_data,
+            "epochs=1",
+            "batch_size=8",
+            "accumulate=1",
+            "oom_retry=true",
+            "fault.oom_step=1",
+            "fault.oom_min_batch=8",
+        ),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    first, = [r for r in children(store) if r.data.tags.get("status") == "oom"]
-    retry, = [r for r in children(store) if r.info.status == "FINISHED"]
+    (first,) = [r for r in children(store) if r.data.tags.get("status") == "oom"]
+    (retry,) = [r for r in children(store) if r.info.status == "FINISHED"]
     assert first.data.tags["retried"] == "true" and retry.data.tags["retry_of"] == first.info.run_id
     assert (retry.data.params["batch_size"], retry.data.params["accumulate"]) == ("4", "2")
     assert first.data.params["effective_batch_size"] == retry.data.params["effective_batch_size"] == "8"
@@ -56,8 +72,9 @@ def test_runs_log_tflops_and_mfu_with_their_peak_source(tmp_path, store, shared_
     (run,) = runs(store)
     metrics, tags = run.data.metrics, run.data.tags
     assert 0 < metrics["perf/mfu"] < 1
-    assert metrics["perf/tflops"] == pytest.approx(metrics["perf/mfu"] * float(tags["perf.peak_tflops_per_device"]),
-                                                   rel=1e-3)
+    assert metrics["perf/tflops"] == pytest.approx(
+        metrics["perf/mfu"] * float(tags["perf.peak_tflops_per_device"]), rel=1e-3
+    )
     assert tags["perf.peak_source"] == "probe"
 
 
@@ -71,15 +88,16 @@ def test_weight_gradient_flops_of_grouped_convs_are_corrected():
 
 def test_known_gpus_come_from_the_table_and_cpu_from_a_cached_probe(tmp_path, monkeypatch):
     assert KNOWN_PEAKS["H200"]["bfloat16"] == 989e12
-    monkeypatch.setattr("src.measure.PEAK_CACHE", tmp_path / "peaks.json")
+    monkeypatch.setattr("src.training.meters.PEAK_CACHE", tmp_path / "peaks.json")
     first = peak_flops(torch.device("cpu"), torch.float32)
     assert first[1] == "probe" and first[0] > 1e9 and (tmp_path / "peaks.json").exists()
     assert peak_flops(torch.device("cpu"), torch.float32) == first  # cached, not probed again
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("switch", ["channels_last=true", "model.inplace_act=false", "non_blocking=false",
-                                    "data.loader=dataloader"])
+@pytest.mark.parametrize(
+    "switch", ["channels_last=true", "model.inplace_act=false", "non_blocking=false", "data.loader=dataloader"]
+)
 def test_speed_switches_train_and_are_logged(tmp_path, store, shared_data, switch):
     assert run_cli(*small_run(tmp_path, store, shared_data, "epochs=1", "limit_batches=2", switch)).returncode == 0
     (run,) = runs(store)
@@ -96,8 +114,16 @@ def test_torch_compile_trains(tmp_path, store, shared_data):
 
 
 def test_auto_batch_fits_the_budget_and_keeps_the_effective_batch(tmp_path, store, shared_data):
-    overrides = small_run(tmp_path, store, shared_data, "model.stem=small", "batch_size=auto",
-                          "effective_batch_size=8", "epochs=1", "limit_batches=2")
+    overrides = small_run(
+        tmp_path,
+        store,
+        shared_data,
+        "model.stem=small",
+        "batch_size=auto",
+        "effective_batch_size=8",
+        "epochs=1",
+        "limit_batches=2",
+    )
     cfg = OmegaConf.to_object(compose_config(*[o for o in overrides if not o.startswith("hydra.")]))
     budget = predict(cfg, torch.device("cpu"), 4).total_mb + 1  # room for 4 per step, not for 8
     result = run_cli(*overrides, f"mem_budget_mb={budget}")

@@ -1,4 +1,5 @@
 """The memory predictor: its accounting on small real models, and its predictions against real CPU runs."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -9,10 +10,10 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from src import memory
-from src.engine import build_optimizer
 from src.models import build_model
-from tests.conftest import compose_config, run_cli
+from src.perf import memory
+from src.training.optim import build_optimizer
+from tests.helpers import compose_config, run_cli
 
 CPU = torch.device("cpu")
 TOLERANCE = 0.15  # the predictor's contract on CPU: measured / predicted within 1 +- 15%
@@ -30,9 +31,16 @@ def conv_net(inplace: bool) -> nn.Module:
     return nn.Sequential(nn.Conv3d(1, 8, 3, padding=1), nn.ReLU(inplace=inplace), nn.Conv3d(8, 8, 3, padding=1))
 
 
-@pytest.mark.parametrize("overrides, factor", [(("optim=sgd", "optim.momentum=0"), 0), (("optim=sgd",), 1),
-                                               (("optim=adam",), 2), (("optim=adamw",), 2),
-                                               (("optim=adam", "optim.fused=true"), 2)])
+@pytest.mark.parametrize(
+    "overrides, factor",
+    [
+        (("optim=sgd", "optim.momentum=0"), 0),
+        (("optim=sgd",), 1),
+        (("optim=adam",), 2),
+        (("optim=adamw",), 2),
+        (("optim=adam", "optim.fused=true"), 2),
+    ],
+)
 def test_optimizer_state_is_what_the_real_optimizer_allocates(overrides, factor):
     cfg = typed(*overrides)
     model = conv_net(inplace=False)
@@ -40,17 +48,31 @@ def test_optimizer_state_is_what_the_real_optimizer_allocates(overrides, factor)
     for p in model.parameters():
         p.grad = torch.ones_like(p)
     optimizer.step()
-    state = sum(t.numel() * t.element_size() for s in optimizer.state.values() for k, t in s.items()
-                if isinstance(t, torch.Tensor) and k != "step")
+    state = sum(
+        t.numel() * t.element_size()
+        for s in optimizer.state.values()
+        for k, t in s.items()
+        if isinstance(t, torch.Tensor) and k != "step"
+    )
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     assert memory.optimizer_state_factor(cfg.optim) == factor
     assert state == factor * params
 
 
-@pytest.mark.parametrize("overrides", [("optim=adam",), ("optim=adam", "optim.weight_decay=0.01"), ("optim=adamw",),
-                                       ("optim=sgd",), ("optim=sgd", "optim.nesterov=true"),
-                                       ("optim=sgd", "optim.weight_decay=0"), ("optim=adam", "optim.fused=true"),
-                                       ("optim=adamw", "optim.fused=true"), ("optim=sgd", "optim.fused=true")])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("optim=adam",),
+        ("optim=adam", "optim.weight_decay=0.01"),
+        ("optim=adamw",),
+        ("optim=sgd",),
+        ("optim=sgd", "optim.nesterov=true"),
+        ("optim=sgd", "optim.weight_decay=0"),
+        ("optim=adam", "optim.fused=true"),
+        ("optim=adamw", "optim.fused=true"),
+        ("optim=sgd", "optim.fused=true"),
+    ],
+)
 def test_cpu_step_temporaries_are_the_real_step_peak(overrides):
     cfg = typed(*overrides)
     model = nn.Sequential(nn.Linear(32, 300), nn.Linear(300, 8))  # the largest parameter first: no earlier
@@ -90,7 +112,7 @@ def test_amp_changes_the_zoo_activations_and_adds_bf16_weight_copies():
     """bf16 forced: on a CPU without native bf16, ``amp_dtype=auto`` trains (and predicts) float32."""
     fp32, amp = (memory.predict(typed(f"amp={a}", "amp_dtype=bfloat16"), CPU, batch_size=4) for a in ("false", "true"))
     with torch.device("meta"):
-        model = build_model(typed().model, 1, 2, 28)
+        model = build_model(typed().model, typed().data)
     cast = [p for m in model.modules() if isinstance(m, (nn.Conv3d, nn.Linear)) for p in m.parameters()]
     assert amp.amp_copies_mb == 2 * sum(p.numel() for p in cast) / memory.MIB and fp32.amp_copies_mb == 0
     assert amp.activations_mb < fp32.activations_mb
@@ -102,10 +124,14 @@ def test_activations_scale_linearly_with_batch(model):
     assert a4 - a2 > 0 and a8 - a4 == 2 * (a4 - a2)
 
 
-@pytest.mark.parametrize("setting", [("model.stem=small", "amp=false"),
-                                     ("model.stem=standard", "data.size=64", "amp=false"),
-                                     pytest.param(("model.stem=small", "amp=true", "amp_dtype=bfloat16"),
-                                                  marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "setting",
+    [
+        ("model.stem=small", "amp=false"),
+        ("model.stem=standard", "data.size=64", "amp=false"),
+        pytest.param(("model.stem=small", "amp=true", "amp_dtype=bfloat16"), marks=pytest.mark.slow),
+    ],
+)
 def test_checkpointing_cuts_densenet_activations(setting):
     """MedMNIST's set-up (small stem, 28^3) and the standard stem at 64^3: at least 40% fewer activations."""
     plain, ckpt = (activations("model=densenet121", *setting, f"model.checkpointing={c}") for c in ("false", "true"))
@@ -130,8 +156,9 @@ def test_components_counted_on_each_device():
 
 
 def test_cli_prints_the_breakdown():
-    result = run_cli("model=resnet18", "model.stem=standard", "data=synthetic", "batch_size=4", module="src.memory",
-                     timeout=120)
+    result = run_cli(
+        "model=resnet18", "model.stem=standard", "data=synthetic", "batch_size=4", module="src.memory", timeout=120
+    )
     assert result.returncode == 0, result.stderr
     expected = memory.predict(typed(), CPU, batch_size=4)
     assert result.stdout.splitlines()[-1].split() == ["total", f"{expected.total_mb:.1f}"]
@@ -151,9 +178,18 @@ def measured_cell(shared_data, *overrides: str, repeats: int = 3) -> dict:
     retention only adds, so the lowest of a few readings is the cell's footprint."""
     cells = []
     for _ in range(repeats):
-        result = run_cli("--cell", "data=adrenalmnist3d", f"data.root={shared_data}", "data.download=false",
-                         "device=cpu", "num_threads=2", "limit_batches=3", "epochs=1", *overrides,
-                         module="benchmarks.memory_table")
+        result = run_cli(
+            "--cell",
+            "data=adrenalmnist3d",
+            f"data.root={shared_data}",
+            "data.download=false",
+            "device=cpu",
+            "num_threads=2",
+            "limit_batches=3",
+            "epochs=1",
+            *overrides,
+            module="benchmarks.memory_table",
+        )
         assert result.returncode == 0, result.stderr
         cells.append(json.loads(result.stdout.splitlines()[-1]))
     return min(cells, key=lambda cell: cell["measured_mb"])
@@ -170,5 +206,13 @@ def test_resnet18_run_matches_the_prediction(shared_data):
 
 @pytest.mark.slow
 def test_densenet121_checkpointed_run_matches_the_prediction(shared_data):
-    assert_within_tolerance(measured_cell(shared_data, "model=densenet121", "model.stem=standard", "data.size=64",
-                                          "batch_size=4", "model.checkpointing=true"))
+    assert_within_tolerance(
+        measured_cell(
+            shared_data,
+            "model=densenet121",
+            "model.stem=standard",
+            "data.size=64",
+            "batch_size=4",
+            "model.checkpointing=true",
+        )
+    )

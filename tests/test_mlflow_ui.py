@@ -3,6 +3,7 @@
 Needs Debian's ``/usr/bin/chromium`` and the ``playwright`` package (``playwright install`` is not used: it
 downloads its own browsers). Without them the test skips locally and fails under ``CI=true``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,15 +23,23 @@ from typing import TYPE_CHECKING, Iterator
 import mlflow
 import pytest
 
-from src.dist import free_port
-from tests.conftest import run_cli
+from src.parallel.dist import free_port
+from tests.helpers import run_cli
 
 if TYPE_CHECKING:
     from playwright.sync_api import Locator, Page
 
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 UI_TIMEOUT_MS = 90_000  # generous: the machine running the tests may be busy
 
 
@@ -38,13 +47,19 @@ UI_TIMEOUT_MS = 90_000  # generous: the machine running the tests may be busy
 def chromium() -> Path:
     """Debian's Chromium, with Playwright to drive it: skip when either is missing, but fail under ``CI=true``
     (CI installs both)."""
-    missing = [name for name, present in ((str(CHROMIUM), CHROMIUM.exists()),
-                                          ("the playwright package", importlib.util.find_spec("playwright")))
-               if not present]
+    missing = [
+        name
+        for name, present in (
+            (str(CHROMIUM), CHROMIUM.exists()),
+            ("the playwright package", importlib.util.find_spec("playwright")),
+        )
+        if not present
+    ]
     if not missing:
         return CHROMIUM
-    reason = (f"{' and '.join(missing)} not installed: apt-get install chromium; "
-              f"pip install -c constraints.txt playwright")
+    reason = (
+        f"{' and '.join(missing)} not installed: apt-get install chromium; pip install -c constraints.txt playwright"
+    )
     if os.environ.get("CI") == "true":
         pytest.fail(f"CI=true and {reason}")
     pytest.skip(reason)
@@ -56,11 +71,27 @@ def mlflow_server(tmp_path: Path) -> Iterator[str]:
     port = free_port()
     log = (tmp_path / "server.log").open("w")
     server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
-         "--artifacts-destination", str(tmp_path / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "1"],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"},
-        start_new_session=True)  # own group: its workers stop with it
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(tmp_path / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"},
+        start_new_session=True,
+    )  # own group: its workers stop with it
     uri = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(uri, server, tmp_path / "server.log")
@@ -103,8 +134,10 @@ def row_header(page: Page, header: str) -> Locator:
 
 def table_row(page: Page, header: str) -> list[str]:
     """The per-run cells of the compare view's table row named ``header`` (run details, parameters)."""
-    return [text.strip() for text in
-            page.locator("tr").filter(has=row_header(page, header)).locator(".data-value").all_inner_texts()]
+    return [
+        text.strip()
+        for text in page.locator("tr").filter(has=row_header(page, header)).locator(".data-value").all_inner_texts()
+    ]
 
 
 # The compare view's metrics are two virtualized grids (names, values per run), aligned by row offset.
@@ -127,12 +160,15 @@ def scroll_metrics(page: Page, pixels: int) -> None:
     for delta, top in ((pixels + 1, pixels + 1), (-1, pixels)):
         page.mouse.wheel(0, delta)
         page.wait_for_function("top => document.querySelectorAll('[role=grid]')[1].scrollTop === top", arg=top)
-    page.wait_for_function("() => Math.abs(document.querySelectorAll('[role=grid]')[0].scrollTop - "
-                           "document.querySelectorAll('[role=grid]')[1].scrollTop) <= 1")
+    page.wait_for_function(
+        "() => Math.abs(document.querySelectorAll('[role=grid]')[0].scrollTop - "
+        "document.querySelectorAll('[role=grid]')[1].scrollTop) <= 1"
+    )
 
 
-def check_compare_view(chromium: Path, uri: str, experiment_id: str, runs: list[mlflow.entities.Run],
-                       folder: Path) -> None:
+def check_compare_view(
+    chromium: Path, uri: str, experiment_id: str, runs: list[mlflow.entities.Run], folder: Path
+) -> None:
     """Open ``runs`` in the UI's compare-runs view in headless Chromium, check what it shows, screenshot it."""
     from playwright.sync_api import expect, sync_playwright
 
@@ -140,8 +176,12 @@ def check_compare_view(chromium: Path, uri: str, experiment_id: str, runs: list[
     url = f"{uri}/#/compare-runs?runs={json.dumps(ids)}&experiments={json.dumps([experiment_id])}"
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch_persistent_context(
-            folder / "chromium-profile", executable_path=chromium, headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": 1600, "height": 1800})
+            folder / "chromium-profile",
+            executable_path=chromium,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1600, "height": 1800},
+        )
         try:
             page = browser.new_page()
             page.set_default_timeout(UI_TIMEOUT_MS)
@@ -168,15 +208,29 @@ def check_compare_view(chromium: Path, uri: str, experiment_id: str, runs: list[
 
 @pytest.mark.slow
 def test_compare_runs_view_shows_the_sweeps_runs_params_and_metrics(tmp_path, chromium, mlflow_server):
-    result = run_cli("-m", f"mlflow.tracking_uri={mlflow_server}", "data=synthetic", f"data.root={tmp_path / 'data'}",
-                     "data.synthetic_samples=[32,16,16]", "model=resnet10", "model.stem=small", "batch_size=4",
-                     "amp=true,false", "epochs=1", "limit_batches=2", "num_threads=1",
-                     f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    result = run_cli(
+        "-m",
+        f"mlflow.tracking_uri={mlflow_server}",
+        "data=synthetic",
+        f"data.root={tmp_path / 'data'}",
+        "data.synthetic_samples=[32,16,16]",
+        "model=resnet10",
+        "model.stem=small",
+        "batch_size=4",
+        "amp=true,false",
+        "epochs=1",
+        "limit_batches=2",
+        "num_threads=1",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     client = mlflow.MlflowClient(mlflow_server)
     experiment = client.get_experiment_by_name("medsweep")
-    children = [run for run in client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
-                if run.data.tags.get("mlflow.parentRunId")]
+    children = [
+        run
+        for run in client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
+        if run.data.tags.get("mlflow.parentRunId")
+    ]
     assert len(children) == 2 and {run.info.status for run in children} == {"FINISHED"}
     assert sorted(run.data.params["amp"] for run in children) == ["False", "True"]
     check_compare_view(chromium, mlflow_server, experiment.experiment_id, children, tmp_path)

@@ -1,4 +1,5 @@
 """The model zoo: structure under every switch, real gradients, counts against MONAI, FLOPs, init, checkpointing."""
+
 from __future__ import annotations
 
 import math
@@ -13,31 +14,61 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks.bf16_conv_grads import autocast_weight_grad
-from src.config import Activation, Init, InitMode, ModelConfig, Norm, Shortcut, Stem
-from src.models import MODELS, build_model
-from src.models import densenet3d
+from src.config import Activation, DataConfig, Init, InitMode, ModelConfig, Norm, Shortcut, Stem
+from src.models import MODELS, build_model, densenet3d, model_kwargs
 from src.models.densenet3d import DenseLayer, Transition
-from src.models.layers import (NORMS, Conv3d, DepthwiseSeparableConv3d, activation_gain, group_count, init_weights,
-                               resolve_stem)
-from src.models.profile import count_params, forward_flops, profile_stages
+from src.models.layers import (
+    NORMS,
+    Conv3d,
+    DepthwiseSeparableConv3d,
+    activation_gain,
+    group_count,
+    init_weights,
+    resolve_stem,
+)
+from src.models.profile import autocast_weight_grad, count_params, forward_flops, profile_stages
 from src.models.resnet3d import ResidualBlock, ZeroPadShortcut
 
 NAMES = list(MODELS)
-ACTIVATION_TYPES = {Activation.relu: nn.ReLU, Activation.swish: nn.SiLU, Activation.prelu: nn.PReLU,
-                    Activation.gelu: nn.GELU, Activation.mish: nn.Mish}
+ACTIVATION_TYPES = {
+    Activation.relu: nn.ReLU,
+    Activation.swish: nn.SiLU,
+    Activation.prelu: nn.PReLU,
+    Activation.gelu: nn.GELU,
+    Activation.mish: nn.Mish,
+}
 NORM_TYPES = {Norm.batch: nn.BatchNorm3d, Norm.group: nn.GroupNorm, Norm.instance: nn.InstanceNorm3d}
 # 3^3 convs inside the blocks: 2 per basic block, 1 per bottleneck, 1 per dense layer
-BLOCK_SPATIAL_CONVS = {"resnet10": 8, "resnet18": 16, "resnet34": 32, "resnet50": 16, "resnet101": 33,
-                       "resnet152": 50, "resnet200": 66, "densenet121": 58, "densenet169": 82, "densenet201": 98,
-                       "densenet264": 130}
+BLOCK_SPATIAL_CONVS = {
+    "resnet10": 8,
+    "resnet18": 16,
+    "resnet34": 32,
+    "resnet50": 16,
+    "resnet101": 33,
+    "resnet152": 50,
+    "resnet200": 66,
+    "densenet121": 58,
+    "densenet169": 82,
+    "densenet201": 98,
+    "densenet264": 130,
+}
 # MONAI 1.x, 1 input channel, 2 classes, standard stem, shortcut B, batch norm
-MONAI_PARAMS = {"densenet121": 11_244_674, "densenet169": 18_546_050, "resnet18": 33_161_922,
-                "resnet34": 63_471_554, "resnet50": 46_163_010}
+MONAI_PARAMS = {
+    "densenet121": 11_244_674,
+    "densenet169": 18_546_050,
+    "resnet18": 33_161_922,
+    "resnet34": 63_471_554,
+    "resnet50": 46_163_010,
+}
 # MONAI's ResNet puts a bias on the shortcut-B conv (bias_downsample=True) although a norm follows it;
 # ours has none: the last three stages' shortcut widths (x4 for bottlenecks) are the whole difference.
-MONAI_SHORTCUT_BIASES = {"densenet121": 0, "densenet169": 0, "resnet18": 128 + 256 + 512, "resnet34": 128 + 256 + 512,
-                         "resnet50": 256 + 512 + 1024 + 2048}
+MONAI_SHORTCUT_BIASES = {
+    "densenet121": 0,
+    "densenet169": 0,
+    "resnet18": 128 + 256 + 512,
+    "resnet34": 128 + 256 + 512,
+    "resnet50": 256 + 512 + 1024 + 2048,
+}
 NUM_CLASSES = 3
 
 
@@ -53,14 +84,14 @@ def one_thread():
 def small_model(name: str, size: int = 28, in_channels: int = 1, **switches) -> nn.Module:
     """A registered model at reduced width (same depth and switches) for real CPU runs."""
     widths = {"widths": (2, 4, 8, 16)} if name.startswith("resnet") else {"growth_rate": 2, "init_features": 4}
-    return MODELS[name](cfg=ModelConfig(name=name, **switches), in_channels=in_channels, num_classes=NUM_CLASSES,
-                        size=size, **widths)
+    data = DataConfig(name="synthetic", size=size, in_channels=in_channels, num_classes=NUM_CLASSES)
+    return MODELS[name](**model_kwargs(ModelConfig(name=name, **switches), data), **widths)
 
 
 def meta_model(name: str, size: int = 28, **switches) -> nn.Module:
     """A registered model at full width on the meta device (for counts and shapes)."""
     with torch.device("meta"):
-        return build_model(ModelConfig(name=name, **switches), 1, 2, size)
+        return build_model(ModelConfig(name=name, **switches), DataConfig(name="synthetic", size=size, num_classes=2))
 
 
 def meta_input(size: int) -> torch.Tensor:
@@ -75,13 +106,26 @@ def rotate(options: list, *indices: int):
 
 
 def test_registry_holds_the_zoo():
-    assert sorted(MODELS) == sorted(["resnet10", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
-                                     "resnet200", "densenet121", "densenet169", "densenet201", "densenet264"])
+    assert sorted(MODELS) == sorted(
+        [
+            "resnet10",
+            "resnet18",
+            "resnet34",
+            "resnet50",
+            "resnet101",
+            "resnet152",
+            "resnet200",
+            "densenet121",
+            "densenet169",
+            "densenet201",
+            "densenet264",
+        ]
+    )
 
 
 def test_unknown_name_is_a_one_line_value_error():
     with pytest.raises(ValueError, match="resnet9000") as error:
-        build_model(ModelConfig(name="resnet9000"), 1, 2, 28)
+        build_model(ModelConfig(name="resnet9000"), DataConfig(name="synthetic", num_classes=2))
     message = str(error.value)
     assert "\n" not in message and all(name in message for name in MODELS)
 
@@ -115,7 +159,8 @@ def test_structure(name, dsconv, activation, stem):
     assert len(spatial) == 1 + BLOCK_SPATIAL_CONVS[name]  # the stem's and the blocks'
     assert len(depthwise) == (BLOCK_SPATIAL_CONVS[name] if dsconv else 0)
     assert model.stem.conv.groups == 1 and model.stem.conv.kernel_size == (
-        (3,) * 3 if resolve_stem(stem, 28) is Stem.small else (7,) * 3)
+        (3,) * 3 if resolve_stem(stem, 28) is Stem.small else (7,) * 3
+    )
 
 
 @pytest.mark.parametrize("norm", [Norm.group, Norm.instance], ids=lambda n: n.name)
@@ -141,11 +186,14 @@ def test_prelu_learns_one_slope_per_channel_at_every_position():
     assert len({id(m.weight) for m in prelus}) == len(prelus)
 
 
-@pytest.mark.parametrize("size,stem,shapes", [
-    (64, Stem.standard, [16, 16, 8, 4, 2]),
-    (28, Stem.small, [28, 28, 14, 7, 4]),
-    (28, Stem.standard, [7, 7, 4, 2, 1]),
-])
+@pytest.mark.parametrize(
+    "size,stem,shapes",
+    [
+        (64, Stem.standard, [16, 16, 8, 4, 2]),
+        (28, Stem.small, [28, 28, 14, 7, 4]),
+        (28, Stem.standard, [7, 7, 4, 2, 1]),
+    ],
+)
 def test_resnet_stage_shapes(size, stem, shapes):
     stages = profile_stages(meta_model("resnet18", size, stem=stem).eval(), meta_input(size))
     assert [s.name for s in stages] == ["stem", "layer1", "layer2", "layer3", "layer4", "head"]
@@ -157,9 +205,16 @@ def test_densenet_transitions_keep_1_voxel_maps():
     """MONAI's DenseNet121 fails here: its last transition pools a 1^3 map."""
     stages = profile_stages(meta_model("densenet121", 28, stem=Stem.standard).eval(), meta_input(28))
     assert {s.name: s.shape for s in stages} == {
-        "stem": (1, 64, 7, 7, 7), "block1": (1, 256, 7, 7, 7), "transition1": (1, 128, 3, 3, 3),
-        "block2": (1, 512, 3, 3, 3), "transition2": (1, 256, 1, 1, 1), "block3": (1, 1024, 1, 1, 1),
-        "transition3": (1, 512, 1, 1, 1), "block4": (1, 1024, 1, 1, 1), "head": (1, 2)}
+        "stem": (1, 64, 7, 7, 7),
+        "block1": (1, 256, 7, 7, 7),
+        "transition1": (1, 128, 3, 3, 3),
+        "block2": (1, 512, 3, 3, 3),
+        "transition2": (1, 256, 1, 1, 1),
+        "block3": (1, 1024, 1, 1, 1),
+        "transition3": (1, 512, 1, 1, 1),
+        "block4": (1, 1024, 1, 1, 1),
+        "head": (1, 2),
+    }
 
 
 def test_auto_stem_is_small_below_64_and_standard_from_64():
@@ -176,16 +231,30 @@ def _gradient_cases():
             for dsconv in (False, True):
                 for n, name in enumerate(NAMES):
                     marks = [pytest.mark.slow] if (size, stem) == (64, Stem.small) else []
-                    yield pytest.param(name, size, stem, dsconv, n + s + dsconv, marks=marks,
-                                       id=f"{name}-{size}-{stem.name}-{'dsconv' if dsconv else 'dense'}")
+                    yield pytest.param(
+                        name,
+                        size,
+                        stem,
+                        dsconv,
+                        n + s + dsconv,
+                        marks=marks,
+                        id=f"{name}-{size}-{stem.name}-{'dsconv' if dsconv else 'dense'}",
+                    )
 
 
 @pytest.mark.parametrize("name,size,stem,dsconv,turn", list(_gradient_cases()))
 def test_forward_backward_reaches_every_parameter(name, size, stem, dsconv, turn):
     """Batch 2, reduced width; activation, mid norm and shortcut rotate over the cases."""
     torch.manual_seed(turn)
-    model = small_model(name, size, stem=stem, dsconv=dsconv, activation=rotate(list(Activation), turn),
-                        dsconv_mid_norm=dsconv and turn % 2 == 0, shortcut=rotate(list(Shortcut), turn // 2))
+    model = small_model(
+        name,
+        size,
+        stem=stem,
+        dsconv=dsconv,
+        activation=rotate(list(Activation), turn),
+        dsconv_mid_norm=dsconv and turn % 2 == 0,
+        shortcut=rotate(list(Shortcut), turn // 2),
+    )
     out = model(torch.randn(2, 1, size, size, size))
     assert out.shape == (2, NUM_CLASSES)
     F.cross_entropy(out, torch.tensor([0, 2])).backward()
@@ -195,13 +264,18 @@ def test_forward_backward_reaches_every_parameter(name, size, stem, dsconv, turn
 
 # (C_in, C_out, kernel, stride, map): shapes where torch 2.13's oneDNN returns a wrong bf16 weight gradient on
 # avx512_bf16 CPUs when the conv pads itself (relative error 0.9-1e37, sometimes heap corruption; docs/benchmarks.md)
-ONEDNN_BF16_FAULTS = [(32, 32, 3, 1, (2, 2, 2)), (128, 32, 3, 1, (2, 4, 4)), (64, 128, 3, 2, (4, 1, 6)),
-                      (1, 32, 3, 1, (2, 6, 6))]
+ONEDNN_BF16_FAULTS = [
+    (32, 32, 3, 1, (2, 2, 2)),
+    (128, 32, 3, 1, (2, 4, 4)),
+    (64, 128, 3, 2, (4, 1, 6)),
+    (1, 32, 3, 1, (2, 6, 6)),
+]
 
 
 @pytest.mark.parametrize("in_channels,out_channels,kernel,stride,shape", ONEDNN_BF16_FAULTS)
-def test_bf16_weight_gradient_is_right_on_maps_no_larger_than_the_kernel(in_channels, out_channels, kernel, stride,
-                                                                         shape):
+def test_bf16_weight_gradient_is_right_on_maps_no_larger_than_the_kernel(
+    in_channels, out_channels, kernel, stride, shape
+):
     torch.manual_seed(0)
     conv = Conv3d(in_channels, out_channels, kernel, stride, kernel // 2, bias=False)
     out, error = autocast_weight_grad(conv, torch.randn(2, in_channels, *shape))
@@ -224,11 +298,14 @@ def test_every_conv_of_the_zoo_is_the_autocast_safe_one(name, dsconv):
     assert convs and all(type(m) is Conv3d for m in convs)
 
 
-@pytest.mark.parametrize("name,switches", [
-    ("resnet18", {"shortcut": Shortcut.A}),
-    ("resnet50", {"dsconv": True, "dsconv_mid_norm": True, "activation": Activation.prelu}),
-    ("densenet121", {"dsconv": True, "activation": Activation.swish, "stem": Stem.standard}),
-])
+@pytest.mark.parametrize(
+    "name,switches",
+    [
+        ("resnet18", {"shortcut": Shortcut.A}),
+        ("resnet50", {"dsconv": True, "dsconv_mid_norm": True, "activation": Activation.prelu}),
+        ("densenet121", {"dsconv": True, "activation": Activation.swish, "stem": Stem.standard}),
+    ],
+)
 def test_channels_last_matches_contiguous(name, switches):
     """In float64, so any difference is a layout bug rather than summation order."""
     torch.manual_seed(0)
@@ -313,7 +390,7 @@ def test_gain_is_the_second_moment_rule():
     z = torch.from_numpy(nodes)
     for activation, f in ((Activation.swish, F.silu), (Activation.gelu, F.gelu), (Activation.mish, F.mish)):
         second_moment = float(np.sum(weights * f(z).square().numpy()) / math.sqrt(2 * math.pi))
-        assert activation_gain(activation) == pytest.approx(second_moment ** -0.5, rel=1e-7)
+        assert activation_gain(activation) == pytest.approx(second_moment**-0.5, rel=1e-7)
 
 
 @pytest.mark.parametrize("activation", [Activation.relu, Activation.prelu], ids=lambda a: a.name)
@@ -381,8 +458,7 @@ def test_checkpointing_gives_the_same_outputs_gradients_and_running_stats():
     models = []
     for checkpointing in (False, True):
         torch.manual_seed(0)
-        models.append(small_model("densenet121", checkpointing=checkpointing, dsconv=True,
-                                  activation=Activation.prelu))
+        models.append(small_model("densenet121", checkpointing=checkpointing, dsconv=True, activation=Activation.prelu))
     plain, efficient = models
     bottleneck_calls = Counter()
     for name, module in efficient.named_modules():

@@ -1,4 +1,5 @@
 """DDP (real gloo ranks on CPU) and DP inside Hydra jobs, parallel sweep jobs, torchrun, submitit."""
+
 from __future__ import annotations
 
 import os
@@ -11,10 +12,9 @@ import mlflow
 import pytest
 import torch
 
-from src import dist
 from src.data import SeededPermutation
-from tests.conftest import ROOT, run_cli, runs
-from tests.test_train import history, small_run
+from src.parallel import dist
+from tests.helpers import ROOT, history, run_cli, runs, small_run
 
 
 def children(store: str) -> list[mlflow.entities.Run]:
@@ -47,8 +47,8 @@ def test_rank_shards_together_are_the_single_process_batches():
     shards = [SeededPermutation(101, seed=5, rank=r, world=2).order() for r in range(2)]
     assert [len(s) for s in shards] == [51, 51]
     for step in range(6):  # batch 8 per rank == batch 16 in one process, as sets
-        ranks = torch.cat([s[8 * step:8 * step + 8] for s in shards])
-        assert sorted(ranks.tolist()) == sorted(whole[16 * step:16 * step + 16].tolist())
+        ranks = torch.cat([s[8 * step : 8 * step + 8] for s in shards])
+        assert sorted(ranks.tolist()) == sorted(whole[16 * step : 16 * step + 16].tolist())
 
 
 def test_free_ports_are_bindable_and_differ():
@@ -69,11 +69,22 @@ def test_gpu_slots_are_exclusive(tmp_path):
 def test_ddp_follows_the_single_process_loss_trajectory(tmp_path, store, shared_data):
     """parallel=ddp nproc=2 batch 8 == parallel=none batch 16 over 20 steps (GroupNorm: batch-independent)."""
     common = ("model.norm=group", "epochs=20", "limit_batches=1", "seed=11", "optim.lr=0.003")
-    single = run_cli(*small_run(tmp_path / "single", store, shared_data, *common, "batch_size=16",
-                                "mlflow.experiment=single"))
+    single = run_cli(
+        *small_run(tmp_path / "single", store, shared_data, *common, "batch_size=16", "mlflow.experiment=single")
+    )
     assert single.returncode == 0, single.stderr[-3000:]
-    ddp = run_cli(*small_run(tmp_path / "ddp", store, shared_data, *common, "batch_size=8", "parallel=ddp",
-                             "parallel.nproc=2", "mlflow.experiment=ddp"))
+    ddp = run_cli(
+        *small_run(
+            tmp_path / "ddp",
+            store,
+            shared_data,
+            *common,
+            "batch_size=8",
+            "parallel=ddp",
+            "parallel.nproc=2",
+            "mlflow.experiment=ddp",
+        )
+    )
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     (one,), (two,) = runs(store, "single"), runs(store, "ddp")
     assert two.data.params["effective_batch_size"] == "16" and two.data.params["world_size"] == "2"
@@ -86,9 +97,15 @@ def test_ddp_follows_the_single_process_loss_trajectory(tmp_path, store, shared_
 
 @pytest.mark.slow
 def test_joblib_sweep_of_ddp_jobs_logs_each_job_once(tmp_path, store, shared_data):
-    result, tag = run_tagged("-m", "parallel=ddp", "parallel.nproc=2", "amp=true,false", "hydra/launcher=joblib",
-                             "hydra.launcher.n_jobs=2",
-                             *small_run(tmp_path, store, shared_data, "epochs=1", "limit_batches=2"))
+    result, tag = run_tagged(
+        "-m",
+        "parallel=ddp",
+        "parallel.nproc=2",
+        "amp=true,false",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        *small_run(tmp_path, store, shared_data, "epochs=1", "limit_batches=2"),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     jobs = children(store)
     assert len(jobs) == 2 and {r.info.status for r in jobs} == {"FINISHED"}
@@ -102,20 +119,33 @@ def test_joblib_sweep_of_ddp_jobs_logs_each_job_once(tmp_path, store, shared_dat
 
 
 def test_a_killed_rank_fails_the_job_and_leaves_no_process(tmp_path, store, shared_data):
-    result, tag = run_tagged(*small_run(tmp_path, store, shared_data, "parallel=ddp", "parallel.nproc=2", "epochs=50",
-                                        "fault.kill_rank=1", "fault.kill_step=2"),
-                             timeout=90)  # a hang would hit this; a healthy failure takes ~20 s here
+    result, tag = run_tagged(
+        *small_run(
+            tmp_path,
+            store,
+            shared_data,
+            "parallel=ddp",
+            "parallel.nproc=2",
+            "epochs=50",
+            "fault.kill_rank=1",
+            "fault.kill_step=2",
+        ),
+        timeout=90,
+    )  # a hang would hit this; a healthy failure takes ~20 s here
     assert result.returncode != 0
     assert "SIGKILL" in result.stderr
     (run,) = runs(store)
     assert run.info.status == "FAILED" and tagged_processes(tag) == []
 
 
-@pytest.mark.parametrize("override,message", [
-    ("parallel=dp", "parallel=dp needs 2 or more visible GPUs (found 0): use parallel=ddp"),
-    ("parallel.sync_bn=true", "parallel.sync_bn=true needs NCCL on CUDA"),
-    ("parallel.backend=nccl", "parallel.backend=nccl needs CUDA devices"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("parallel=dp", "parallel=dp needs 2 or more visible GPUs (found 0): use parallel=ddp"),
+        ("parallel.sync_bn=true", "parallel.sync_bn=true needs NCCL on CUDA"),
+        ("parallel.backend=nccl", "parallel.backend=nccl needs CUDA devices"),
+    ],
+)
 def test_parallel_settings_that_cannot_run_here_fail_first(tmp_path, store, shared_data, override, message):
     result = run_cli(*small_run(tmp_path, store, shared_data, "parallel=ddp", override))
     assert result.returncode == 2 and message in result.stderr.strip().splitlines()[-1]
@@ -127,9 +157,22 @@ def test_torchrun_ranks_join_and_rank0_alone_logs(tmp_path, store, shared_data):
     torchrun = shutil.which("torchrun") or pytest.fail("torchrun ships with torch")
     outputs = tmp_path / "outputs"
     result = subprocess.run(
-        [torchrun, "--nproc_per_node=2", "--master_port", str(dist.free_port()), "-m", "src.train", "parallel=ddp",
-         *small_run(tmp_path, store, shared_data, "epochs=1", f"hydra.run.dir={outputs}")],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        [
+            torchrun,
+            "--nproc_per_node=2",
+            "--master_port",
+            str(dist.free_port()),
+            "-m",
+            "src.train",
+            "parallel=ddp",
+            *small_run(tmp_path, store, shared_data, "epochs=1", f"hydra.run.dir={outputs}"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = runs(store)
     assert run.info.status == "FINISHED" and run.data.params["world_size"] == "2"
@@ -138,8 +181,12 @@ def test_torchrun_ranks_join_and_rank0_alone_logs(tmp_path, store, shared_data):
 
 @pytest.mark.slow
 def test_submitit_local_sweep_runs_two_jobs(tmp_path, store, shared_data):
-    result = run_cli("-m", "hydra/launcher=submitit_local", "amp=true,false",
-                     *small_run(tmp_path, store, shared_data, "epochs=1", "limit_batches=2"))
+    result = run_cli(
+        "-m",
+        "hydra/launcher=submitit_local",
+        "amp=true,false",
+        *small_run(tmp_path, store, shared_data, "epochs=1", "limit_batches=2"),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     jobs = children(store)
     assert len(jobs) == 2 and {r.info.status for r in jobs} == {"FINISHED"}
@@ -149,10 +196,14 @@ def test_submitit_local_sweep_runs_two_jobs(tmp_path, store, shared_data):
 @pytest.mark.slow
 def test_submitit_tasks_form_one_ddp_job(tmp_path, store, shared_data):
     """The SLURM code path, run by submitit's local executor: 2 tasks of one job join one process group."""
-    result = run_cli("-m", "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2", "parallel=ddp",
-                     *small_run(tmp_path, store, shared_data, "epochs=1", "limit_batches=2"))
+    result = run_cli(
+        "-m",
+        "hydra/launcher=submitit_local",
+        "hydra.launcher.tasks_per_node=2",
+        "parallel=ddp",
+        *small_run(tmp_path, store, shared_data, "epochs=1", "limit_batches=2"),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (job,) = children(store)
     assert job.info.status == "FINISHED" and job.data.params["world_size"] == "2"
     assert all(len(values) == 1 for values in history(store, job.info.run_id).values())
-

@@ -1,4 +1,5 @@
 """Sweep presets (``conf/preset/``): the jobs Hydra's sweeper makes of them, and tiny real sweeps."""
+
 from __future__ import annotations
 
 import itertools
@@ -11,11 +12,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from src import config as schema
-from src.autobatch import derived_batch
 from src.errors import UsageError
 from src.models import MODELS
-from tests.conftest import ROOT, compose_config, run_cli, runs
-from tests.test_train import small_run
+from src.perf.autobatch import derived_batch
+from tests.helpers import ROOT, compose_config, run_cli, runs, small_run
 
 
 def jobs(*overrides: str) -> list[schema.Config]:
@@ -40,7 +40,8 @@ def values(configs: list[schema.Config], *keys: str) -> list[tuple]:
 def test_memory_preset_crosses_the_savers_at_one_effective_batch():
     configs = jobs("preset=memory")
     assert values(configs, "amp", "model.dsconv", "accumulate", "model.checkpointing") == sorted(
-        itertools.product([False, True], [False, True], [1, 2, 4], [False, True]))
+        itertools.product([False, True], [False, True], [1, 2, 4], [False, True])
+    )
     for cfg in configs:
         assert (cfg.batch_size, cfg.effective_batch_size, cfg.model.name) == ("derived", 32, "densenet121")
         micro = derived_batch(cfg, world=1).batch_size
@@ -50,12 +51,14 @@ def test_memory_preset_crosses_the_savers_at_one_effective_batch():
 def test_an_override_next_to_a_preset_pins_that_key():
     configs = jobs("preset=memory", "amp=true", "model=resnet18", "effective_batch_size=16")
     assert len(configs) == 12 and {(c.amp, c.model.name, c.effective_batch_size) for c in configs} == {
-        (True, "resnet18", 16)}
+        (True, "resnet18", 16)
+    }
 
 
 def test_activation_init_preset_covers_every_activation_and_init():
     assert values(jobs("preset=activation_init"), "model.activation", "model.init") == sorted(
-        itertools.product([a.name for a in schema.Activation], [i.name for i in schema.Init]))
+        itertools.product([a.name for a in schema.Activation], [i.name for i in schema.Init])
+    )
 
 
 def test_models_preset_is_the_whole_zoo():
@@ -64,8 +67,11 @@ def test_models_preset_is_the_whole_zoo():
 
 def test_seeds_preset_repeats_one_config_three_times():
     configs = jobs("preset=seeds", "model=resnet18", "amp=true")
-    assert values(configs, "seed", "model.name", "amp") == [(0, "resnet18", True), (1, "resnet18", True),
-                                                            (2, "resnet18", True)]
+    assert values(configs, "seed", "model.name", "amp") == [
+        (0, "resnet18", True),
+        (1, "resnet18", True),
+        (2, "resnet18", True),
+    ]
 
 
 def test_parallel_preset_runs_one_process_and_ddp_at_one_effective_batch():
@@ -76,8 +82,11 @@ def test_parallel_preset_runs_one_process_and_ddp_at_one_effective_batch():
 
 def test_a_derived_batch_that_does_not_divide_names_the_fix():
     cfg = OmegaConf.to_object(compose_config("batch_size=derived", "effective_batch_size=30", "accumulate=4"))
-    with pytest.raises(UsageError, match=r"effective_batch_size=30 is not a multiple of accumulate x ranks = 4 x 1: "
-                                         r"use a multiple of 4"):
+    with pytest.raises(
+        UsageError,
+        match=r"effective_batch_size=30 is not a multiple of accumulate x ranks = 4 x 1: "
+        r"use a multiple of 4",
+    ):
         derived_batch(cfg, world=1)
     with pytest.raises(Exception, match="batch_size=derived needs effective_batch_size=<n>"):
         OmegaConf.to_object(compose_config("batch_size=derived"))
@@ -88,35 +97,52 @@ def test_optuna_preset_searches_lr_and_weight_decay_on_validation_auc():
         cfg = compose("config", overrides=["preset=optuna"], return_hydra_config=True)
     sweeper = cfg.hydra.sweeper
     assert sweeper._target_.endswith("OptunaSweeper") and sweeper.direction == "maximize" and sweeper.storage is None
-    assert dict(sweeper.params) == {"optim.lr": "tag(log, interval(1e-5, 1e-2))",
-                                    "optim.weight_decay": "tag(log, interval(1e-6, 1e-2))"}
+    assert dict(sweeper.params) == {
+        "optim.lr": "tag(log, interval(1e-5, 1e-2))",
+        "optim.weight_decay": "tag(log, interval(1e-6, 1e-2))",
+    }
     assert cfg.objective == "val/auc"
 
 
 @pytest.mark.slow
 def test_memory_preset_runs_tiny_with_the_same_effective_batch(tmp_path, store, shared_data):
-    result = run_cli("-m", "preset=memory", *small_run(tmp_path, store, shared_data, "epochs=1", "limit_batches=2"),
-                     "batch_size=derived", "effective_batch_size=8", "amp=false", "model.dsconv=false",
-                     "model.checkpointing=false")
+    result = run_cli(
+        "-m",
+        "preset=memory",
+        *small_run(tmp_path, store, shared_data, "epochs=1", "limit_batches=2"),
+        "batch_size=derived",
+        "effective_batch_size=8",
+        "amp=false",
+        "model.dsconv=false",
+        "model.checkpointing=false",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     children = [r for r in runs(store) if r.data.tags.get("mlflow.parentRunId")]
     assert {r.info.status for r in children} == {"FINISHED"}
     assert sorted((int(r.data.params["accumulate"]), int(r.data.params["batch_size"])) for r in children) == [
-        (1, 8), (2, 4), (4, 2)]
+        (1, 8),
+        (2, 4),
+        (4, 2),
+    ]
     assert {r.data.params["effective_batch_size"] for r in children} == {"8"}
 
 
 @pytest.mark.slow
 def test_a_two_trial_optuna_sweep_logs_two_children_and_maximizes_their_validation_auc(tmp_path, store, shared_data):
-    result = run_cli("-m", "preset=optuna", "hydra.sweeper.n_trials=2",
-                     *small_run(tmp_path, store, shared_data, "epochs=2", "limit_batches=2"))
+    result = run_cli(
+        "-m",
+        "preset=optuna",
+        "hydra.sweeper.n_trials=2",
+        *small_run(tmp_path, store, shared_data, "epochs=2", "limit_batches=2"),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     children = [r for r in runs(store) if r.data.tags.get("mlflow.parentRunId")]
     assert len(children) == 2 and {r.info.status for r in children} == {"FINISHED"}
     assert len({r.data.params["optim.lr"] for r in children}) == 2
     parent = next(r for r in runs(store) if r.data.tags.get("role") == "sweep")
     assert parent.info.status == "FINISHED" and {r.data.tags["mlflow.parentRunId"] for r in children} == {
-        parent.info.run_id}
+        parent.info.run_id
+    }
     client = mlflow.MlflowClient(store)
     best_val = max(m.value for r in children for m in client.get_metric_history(r.info.run_id, "val/auc"))
     assert OmegaConf.load(tmp_path / "sweep" / "optimization_results.yaml").best_value == best_val

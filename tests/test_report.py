@@ -1,5 +1,6 @@
 """``python -m src.report``: the pure sweep analysis on hand-made frames, the report of hand-logged runs in a
 real MLflow store, bad selectors, and a real sweep reported end to end in real processes."""
+
 from __future__ import annotations
 
 import csv
@@ -16,11 +17,22 @@ from omegaconf import OmegaConf
 from scipy import stats
 
 from src.errors import UsageError
-from src.report import METRICS, Selection, report, write_report
-from src.sweep_analysis import (EFFECT_COLUMNS, aggregate, auc_interval, more_pairs, natural_key, paired_effects,
-                                pareto_front, summarize_effects, swept_columns, verdict)
-from src.tracking import PARENT_ID_FILE, ensure_store
-from tests.conftest import ROOT, run_cli, runs
+from src.report.analysis import (
+    EFFECT_COLUMNS,
+    aggregate,
+    auc_interval,
+    more_pairs,
+    natural_key,
+    paired_effects,
+    pareto_front,
+    summarize_effects,
+    swept_columns,
+    verdict,
+)
+from src.report.writer import METRICS, Selection, report, write_report
+from src.tracking.store import ensure_store
+from src.tracking.sweep import PARENT_ID_FILE
+from tests.helpers import ROOT, run_cli, runs
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 REPORT_FILES = {"report.md", "report.html", "runs.csv", "effects.csv", "throughput_memory.png", "paired_effects.png"}
@@ -45,18 +57,21 @@ def tables(markdown: str) -> dict[str, list[dict[str, str]]]:
 
 # --- pure functions on hand-made frames -------------------------------------------------------------------
 
+
 def test_swept_columns_are_the_params_that_differ_less_derived_and_bookkeeping_ones():
-    params = pd.DataFrame({
-        "amp": ["True", "False", "True", "False"],
-        "seed": ["0", "0", "1", "1"],
-        "batch_size": ["4", "4", "4", "4"],  # not swept
-        "data.name": ["vesselmnist3d", "vesselmnist3d", "organmnist3d", "organmnist3d"],
-        "data.num_classes": ["2", "2", "11", "11"],  # follows data=...: not a column of its own
-        "model.name": ["resnet10", "resnet10", "resnet18", "resnet18"],
-        "model.stem": ["small", "standard", "small", "standard"],  # swept on its own: kept
-        "mlflow.tracking_uri": ["a", "b", "c", "d"],  # where it logged, not what it ran
-        "effective_batch_size": ["4", "4", "4", "8"],  # batch_size=auto with effective_batch_size=4,8: kept
-    })
+    params = pd.DataFrame(
+        {
+            "amp": ["True", "False", "True", "False"],
+            "seed": ["0", "0", "1", "1"],
+            "batch_size": ["4", "4", "4", "4"],  # not swept
+            "data.name": ["vesselmnist3d", "vesselmnist3d", "organmnist3d", "organmnist3d"],
+            "data.num_classes": ["2", "2", "11", "11"],  # follows data=...: not a column of its own
+            "model.name": ["resnet10", "resnet10", "resnet18", "resnet18"],
+            "model.stem": ["small", "standard", "small", "standard"],  # swept on its own: kept
+            "mlflow.tracking_uri": ["a", "b", "c", "d"],  # where it logged, not what it ran
+            "effective_batch_size": ["4", "4", "4", "8"],  # batch_size=auto with effective_batch_size=4,8: kept
+        }
+    )
     assert swept_columns(params) == ["amp", "seed", "data.name", "model.name", "model.stem", "effective_batch_size"]
     params["batch_size"] = params["effective_batch_size"] = ["4", "4", "8", "8"]  # follows batch_size: dropped
     assert swept_columns(params) == ["amp", "seed", "batch_size", "data.name", "model.name", "model.stem"]
@@ -93,9 +108,16 @@ def runs_frame() -> pd.DataFrame:
             for seed in ("0", "1"):
                 if (amp, batch, seed) != ("True", "8", "1"):
                     speed = (2.0 if amp == "True" else 1.0) * int(batch) * (1 + int(seed))
-                    rows.append({"amp": amp, "batch_size": batch, "seed": seed, "perf/samples_per_s": speed,
-                                 "mem/peak_mb": (60.0 if amp == "True" else 100.0) * int(batch),
-                                 "test/auc": 0.8 + (0.01 if amp == "True" else 0.0) + 0.05 * int(seed)})
+                    rows.append(
+                        {
+                            "amp": amp,
+                            "batch_size": batch,
+                            "seed": seed,
+                            "perf/samples_per_s": speed,
+                            "mem/peak_mb": (60.0 if amp == "True" else 100.0) * int(batch),
+                            "test/auc": 0.8 + (0.01 if amp == "True" else 0.0) + 0.05 * int(seed),
+                        }
+                    )
     return pd.DataFrame(rows)
 
 
@@ -117,23 +139,36 @@ def test_pairs_join_runs_equal_in_every_other_swept_param():
 
 # test AUC of model.activation=<value> minus gelu (the baseline) for seeds 0-3: clearly above, clearly below and
 # straddling -0.01
-DIFFERENCES = {"mish": [0.002, 0.004, 0.003, 0.003], "prelu": [-0.05, -0.06, -0.055, -0.055],
-               "relu": [0.0, -0.01, 0.0, -0.01]}
+DIFFERENCES = {
+    "mish": [0.002, 0.004, 0.003, 0.003],
+    "prelu": [-0.05, -0.06, -0.055, -0.055],
+    "relu": [0.0, -0.01, 0.0, -0.01],
+}
 
 
 def activation_runs() -> pd.DataFrame:
     """model.activation x seed=0..3 (a run frame as the report reads one), test AUCs differing by DIFFERENCES."""
-    rows = [{"model.activation": value, "seed": str(seed), "test/auc": 0.8 + 0.01 * seed + difference,
-             "perf/samples_per_s": 100.0 - 10 * i, "mem/peak_mb": 500.0 + 100 * i}
-            for seed in range(4)
-            for i, (value, difference) in enumerate([("gelu", 0.0), *((v, d[seed]) for v, d in DIFFERENCES.items())])]
+    rows = [
+        {
+            "model.activation": value,
+            "seed": str(seed),
+            "test/auc": 0.8 + 0.01 * seed + difference,
+            "perf/samples_per_s": 100.0 - 10 * i,
+            "mem/peak_mb": 500.0 + 100 * i,
+        }
+        for seed in range(4)
+        for i, (value, difference) in enumerate([("gelu", 0.0), *((v, d[seed]) for v, d in DIFFERENCES.items())])
+    ]
     return pd.DataFrame(rows)
 
 
 def test_a_switch_is_judged_no_loss_loss_or_inconclusive_against_the_margin():
     summary = summarize_effects(paired_effects(activation_runs(), ["model.activation", "seed"]), 0.01)
-    assert summary[["value", "baseline", "pairs"]].values.tolist() == [["mish", "gelu", 4], ["prelu", "gelu", 4],
-                                                                       ["relu", "gelu", 4]]
+    assert summary[["value", "baseline", "pairs"]].values.tolist() == [
+        ["mish", "gelu", 4],
+        ["prelu", "gelu", 4],
+        ["relu", "gelu", 4],
+    ]
     assert summary["verdict"].tolist() == ["no loss", "loss", "inconclusive"]
     for value, differences in DIFFERENCES.items():
         row = summary.set_index("value").loc[value]
@@ -166,22 +201,33 @@ def test_effects_csv_has_one_row_per_comparison_through_write_report(tmp_path):
     effects = pd.read_csv(tmp_path / "effects.csv")
     assert effects.columns.tolist() == EFFECT_COLUMNS
     assert effects[["param", "value", "baseline", "pairs", "verdict"]].values.tolist() == [
-        ["model.activation", "mish", "gelu", 4, "no loss"], ["model.activation", "prelu", "gelu", 4, "loss"],
-        ["model.activation", "relu", "gelu", 4, "inconclusive"]]
+        ["model.activation", "mish", "gelu", 4, "no loss"],
+        ["model.activation", "prelu", "gelu", 4, "loss"],
+        ["model.activation", "relu", "gelu", 4, "inconclusive"],
+    ]
     assert effects["more_pairs"].isna().tolist() == [True, True, False] and effects["more_pairs"].iloc[2] == 4
     assert effects["speed_ratio"].tolist() == pytest.approx([0.9, 0.8, 0.7]) and set(effects["margin"]) == {0.01}
     shown = tables((tmp_path / "report.md").read_text())["Paired effects"]
     assert [row["verdict"] for row in shown] == ["no loss", "loss", "inconclusive (~4 more pairs)"]
     assert shown[2]["test AUC [95% CI]"] == "-0.005 [-0.014, +0.004]"
-    write_report(runs[runs["model.activation"] == "gelu"], Selection("no pairs", [], None, tmp_path),
-                 "sqlite:///none.db", tmp_path, 0.01)
+    write_report(
+        runs[runs["model.activation"] == "gelu"],
+        Selection("no pairs", [], None, tmp_path),
+        "sqlite:///none.db",
+        tmp_path,
+        0.01,
+    )
     assert (tmp_path / "effects.csv").read_text().strip() == ",".join(EFFECT_COLUMNS)  # the header only
 
 
 def test_aggregate_gives_mean_std_and_count_per_configuration():
     table = aggregate(runs_frame(), ["amp", "batch_size"], ["perf/samples_per_s"])
-    assert table[["amp", "batch_size"]].values.tolist() == [["False", "4"], ["False", "8"], ["True", "4"],
-                                                            ["True", "8"]]
+    assert table[["amp", "batch_size"]].values.tolist() == [
+        ["False", "4"],
+        ["False", "8"],
+        ["True", "4"],
+        ["True", "8"],
+    ]
     assert table["n"].tolist() == [2, 2, 2, 1]
     assert table["perf/samples_per_s"].tolist() == [6.0, 12.0, 12.0, 16.0]
     assert table["perf/samples_per_s std"].iloc[0] == pytest.approx(np.std([4.0, 8.0], ddof=1))
@@ -198,12 +244,23 @@ def test_a_nan_in_one_seed_makes_its_configuration_nan():
 
 # --- the report of hand-logged runs in a real store (no training) ------------------------------------------
 
-def log_run(client: mlflow.MlflowClient, experiment_id: str, params: dict[str, str], epochs: list[dict[str, float]],
-            final: dict[str, float], status: str = "FINISHED", tags: dict[str, str] | None = None) -> str:
+
+def log_run(
+    client: mlflow.MlflowClient,
+    experiment_id: str,
+    params: dict[str, str],
+    epochs: list[dict[str, float]],
+    final: dict[str, float],
+    status: str = "FINISHED",
+    tags: dict[str, str] | None = None,
+) -> str:
     run = client.create_run(experiment_id, tags=tags or {})
-    client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in params.items()],
-                     metrics=[Metric(k, v, 0, step) for step, values in enumerate(epochs) for k, v in values.items()]
-                     + [Metric(k, v, 0, len(epochs)) for k, v in final.items()])
+    client.log_batch(
+        run.info.run_id,
+        params=[Param(k, v) for k, v in params.items()],
+        metrics=[Metric(k, v, 0, step) for step, values in enumerate(epochs) for k, v in values.items()]
+        + [Metric(k, v, 0, len(epochs)) for k, v in final.items()],
+    )
     client.set_terminated(run.info.run_id, status)
     return run.info.run_id
 
@@ -223,16 +280,30 @@ def logged_sweep(tmp_path_factory):
     for amp in ("True", "False"):
         for seed in (0, 1):
             fast = amp == "True"
-            epochs = [{"val/auc": 0.7, "val/acc": 0.6, "perf/samples_per_s": 18.0 + 4 * fast * 2 + seed},
-                      {"val/auc": 0.9, "val/acc": 0.8, "perf/samples_per_s": 22.0 + 4 * fast * 2 + seed},
-                      {"val/auc": 0.9, "val/acc": 0.5, "perf/samples_per_s": 20.0 + 4 * fast * 2 + seed}]
+            epochs = [
+                {"val/auc": 0.7, "val/acc": 0.6, "perf/samples_per_s": 18.0 + 4 * fast * 2 + seed},
+                {"val/auc": 0.9, "val/acc": 0.8, "perf/samples_per_s": 22.0 + 4 * fast * 2 + seed},
+                {"val/auc": 0.9, "val/acc": 0.5, "perf/samples_per_s": 20.0 + 4 * fast * 2 + seed},
+            ]
             for epoch in epochs:
                 epoch.update({"mem/peak_mb": 60.0 if fast else 100.0, "mem/predicted_mb": 80.0})
-            log_run(client, experiment_id, {"amp": amp, "seed": str(seed), "batch_size": "4"}, epochs,
-                    {"test/acc": 0.7, "test/auc": 0.81 + 0.01 * fast + 0.02 * seed}, tags=child)
-    log_run(client, experiment_id, {"amp": "True", "seed": "0", "batch_size": "64"}, [],
-            {"mem/peak_mb": 5000.0, "mem/predicted_mb": 4800.0}, "FAILED",
-            {**child, "status": "oom", "retried": "false"})
+            log_run(
+                client,
+                experiment_id,
+                {"amp": amp, "seed": str(seed), "batch_size": "4"},
+                epochs,
+                {"test/acc": 0.7, "test/auc": 0.81 + 0.01 * fast + 0.02 * seed},
+                tags=child,
+            )
+    log_run(
+        client,
+        experiment_id,
+        {"amp": "True", "seed": "0", "batch_size": "64"},
+        [],
+        {"mem/peak_mb": 5000.0, "mem/predicted_mb": 4800.0},
+        "FAILED",
+        {**child, "status": "oom", "retried": "false"},
+    )
     return client, parent, tmp_path / "sweep", store
 
 
@@ -252,11 +323,20 @@ def test_report_of_a_sweep_folder_tabulates_plots_and_logs_to_the_parent_run(log
     assert configs["true"]["mem/peak_mb"] == "60 ± 0" and configs["true"]["Pareto"] == "yes"
     assert configs["false"]["Pareto"] == ""  # slower and larger than amp=true
     effects = found["Paired effects"]
-    assert effects == [{"comparison": "amp=true vs false", "pairs": "2", "samples/s": "×1.39",
-                        "peak memory": "-40%", "test AUC [95% CI]": "+0.010 [+0.010, +0.010]", "verdict": "no loss"}]
+    assert effects == [
+        {
+            "comparison": "amp=true vs false",
+            "pairs": "2",
+            "samples/s": "×1.39",
+            "peak memory": "-40%",
+            "test AUC [95% CI]": "+0.010 [+0.010, +0.010]",
+            "verdict": "no loss",
+        }
+    ]
     failed = found["Not finished"]
-    assert [(row["status"], row["amp"], row["batch_size"], row["mem/peak_mb"]) for row in failed] == \
-        [("FAILED (oom)", "true", "64", "5000")]
+    assert [(row["status"], row["amp"], row["batch_size"], row["mem/peak_mb"]) for row in failed] == [
+        ("FAILED (oom)", "true", "64", "5000")
+    ]
     assert len(found["Finished runs"]) == 4
     with open(out / "runs.csv") as file:
         assert len(list(csv.DictReader(file))) == 5
@@ -311,22 +391,37 @@ def test_bad_selectors_name_the_value_and_the_fix(logged_sweep, tmp_path, overri
 
 
 def test_a_missing_store_is_one_error_line_and_exit_2(tmp_path):
-    result = run_cli("mlflow.experiment=medsweep", f"mlflow.tracking_uri=sqlite:///{tmp_path}/none.db",
-                     module="src.report")
+    result = run_cli(
+        "mlflow.experiment=medsweep", f"mlflow.tracking_uri=sqlite:///{tmp_path}/none.db", module="src.report"
+    )
     assert result.returncode == 2
-    assert result.stderr.strip() == (f"error: mlflow.tracking_uri=sqlite:///{tmp_path}/none.db: no such store: "
-                                     f"set it to the store the runs logged to")
+    assert result.stderr.strip() == (
+        f"error: mlflow.tracking_uri=sqlite:///{tmp_path}/none.db: no such store: "
+        f"set it to the store the runs logged to"
+    )
     assert not (tmp_path / "none.db").exists()
 
 
 # --- a real sweep, reported by a real process -------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_a_real_sweep_is_reported_with_seeds_aggregated(tmp_path, store):
     sweep = tmp_path / "sweep"
-    result = run_cli("-m", "data=synthetic", "model=resnet10", "model.stem=standard", "batch_size=4", "epochs=1",
-                     "limit_batches=2", "num_threads=1", "amp=true,false", "seed=0,1", f"mlflow.tracking_uri={store}",
-                     f"hydra.sweep.dir={sweep}")
+    result = run_cli(
+        "-m",
+        "data=synthetic",
+        "model=resnet10",
+        "model.stem=standard",
+        "batch_size=4",
+        "epochs=1",
+        "limit_batches=2",
+        "num_threads=1",
+        "amp=true,false",
+        "seed=0,1",
+        f"mlflow.tracking_uri={store}",
+        f"hydra.sweep.dir={sweep}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     result = run_cli(f"sweep={sweep}", f"mlflow.tracking_uri={store}", module="src.report")
     assert result.returncode == 0, result.stderr[-3000:]

@@ -1,4 +1,5 @@
 """``rerun=<run id>``: a logged run's config, trained again into a new run."""
+
 from __future__ import annotations
 
 import mlflow
@@ -6,10 +7,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from src.errors import UsageError
-from src.rerun import rerun_config
-from src.tracking import ensure_store
-from tests.conftest import compose_config, run_cli, runs
-from tests.test_train import history, small_run
+from src.jobs.rerun import rerun_config
+from src.tracking.store import ensure_store
+from tests.helpers import compose_config, history, run_cli, runs, small_run
 
 
 def config_artifact(store: str, run_id: str, folder) -> dict:
@@ -21,8 +21,7 @@ def config_artifact(store: str, run_id: str, folder) -> dict:
 def test_a_rerun_repeats_the_run_exactly(tmp_path, store, shared_data):
     assert run_cli(*small_run(tmp_path / "first", store, shared_data, "seed=3", "deterministic=true")).returncode == 0
     (original,) = runs(store)
-    result = run_cli(f"rerun={original.info.run_id}", f"mlflow.tracking_uri={store}",
-                     f"hydra.run.dir={tmp_path}/rerun")
+    result = run_cli(f"rerun={original.info.run_id}", f"mlflow.tracking_uri={store}", f"hydra.run.dir={tmp_path}/rerun")
     assert result.returncode == 0, result.stderr[-3000:]
     (rerun,) = [r for r in runs(store) if r.info.run_id != original.info.run_id]
 
@@ -33,17 +32,19 @@ def test_a_rerun_repeats_the_run_exactly(tmp_path, store, shared_data):
         assert rerun.data.metrics[key] == original.data.metrics[key], key
     assert history(store, rerun.info.run_id)["train/loss"] == history(store, original.info.run_id)["train/loss"]
     assert config_artifact(store, rerun.info.run_id, tmp_path / "a") == config_artifact(
-        store, original.info.run_id, tmp_path / "b")  # the artifact is what was trained, not the command line
+        store, original.info.run_id, tmp_path / "b"
+    )  # the artifact is what was trained, not the command line
 
 
 @pytest.mark.slow
 def test_a_rerun_with_a_result_key_fails_in_one_line(tmp_path, store, shared_data):
     assert run_cli(*small_run(tmp_path, store, shared_data, "epochs=1")).returncode == 0
     (original,) = runs(store)
-    result = run_cli(f"rerun={original.info.run_id}", f"mlflow.tracking_uri={store}", "seed=5",
-                     f"hydra.run.dir={tmp_path}/rerun")
+    result = run_cli(
+        f"rerun={original.info.run_id}", f"mlflow.tracking_uri={store}", "seed=5", f"hydra.run.dir={tmp_path}/rerun"
+    )
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith(f"error: seed cannot change next to rerun=")
+    assert result.stderr.strip().splitlines()[-1].startswith("error: seed cannot change next to rerun=")
     assert [r.info.run_id for r in runs(store)] == [original.info.run_id]
 
 

@@ -1,4 +1,5 @@
 """Checkpoints, ``resume=``, SIGTERM and submitit requeue: real signals, real processes, a real MLflow store."""
+
 from __future__ import annotations
 
 import os
@@ -16,15 +17,17 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from src import checkpoint
 from src.data import load_splits, make_loader
-from src.engine import Trainer
 from src.errors import UsageError
-from src.preemption import EXIT_PREEMPTED, Preempted, Preemption
-from src.resume import explicit, log_missing
-from src.tracking import RunLogger, ensure_store
-from tests.conftest import ROOT, compose_config, run_cli, runs
-from tests.test_train import RESULTS, history, small_run
+from src.jobs.resume import explicit, log_missing
+from src.parallel.dist import Rank
+from src.parallel.preemption import EXIT_PREEMPTED, Preempted, Preemption
+from src.tracking.runs import RunLogger
+from src.tracking.store import ensure_store
+from src.training import checkpoint
+from src.training.faults import fault_hooks
+from src.training.trainer import Hooks, Trainer
+from tests.helpers import RESULTS, ROOT, compose_config, history, run_cli, runs, small_run
 
 EPOCHS = 4
 RUN = (f"epochs={EPOCHS}", "skip_finished=false")  # reruns of one config must train, not be skipped
@@ -47,8 +50,10 @@ def assert_same_weights(path: Path, reference: Path) -> None:
     for part in ("model", "best_state"):
         assert ours[part].keys() == theirs[part].keys()
         assert all(torch.equal(ours[part][k], theirs[part][k]) for k in ours[part]), part
-    assert all(torch.equal(a, b) for a, b in zip(ours["optimizer"]["state"][0].values(),
-                                                 theirs["optimizer"]["state"][0].values()))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(ours["optimizer"]["state"][0].values(), theirs["optimizer"]["state"][0].values())
+    )
 
 
 @pytest.fixture(scope="module")
@@ -89,20 +94,44 @@ def test_checkpoint_is_atomic_weights_only_and_restores_every_generator(tmp_path
 def bn_net() -> nn.Module:
     """Small, with BatchNorm running statistics (buffers must come back too)."""
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv3d(1, 4, 3, stride=2), nn.BatchNorm3d(4), nn.ReLU(), nn.AdaptiveAvgPool3d(1),
-                         nn.Flatten(), nn.Linear(4, 2))
+    return nn.Sequential(
+        nn.Conv3d(1, 4, 3, stride=2),
+        nn.BatchNorm3d(4),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool3d(1),
+        nn.Flatten(),
+        nn.Linear(4, 2),
+    )
 
 
 def trainer(shared_data, folder: Path, *overrides: str, preemption: Preemption | None = None) -> Trainer:
     """Cyclic LR (stepped per optimizer step) and accumulation: the state a mid-epoch stop must keep."""
-    cfg = OmegaConf.to_object(compose_config(
-        "data=adrenalmnist3d", f"data.root={shared_data}", "data.download=false", "device=cpu", "batch_size=2",
-        "accumulate=2", "limit_batches=6", "epochs=3", "sched=cyclic", *overrides))
+    cfg = OmegaConf.to_object(
+        compose_config(
+            "data=adrenalmnist3d",
+            f"data.root={shared_data}",
+            "data.download=false",
+            "device=cpu",
+            "batch_size=2",
+            "accumulate=2",
+            "limit_batches=6",
+            "epochs=3",
+            "sched=cyclic",
+            *overrides,
+        )
+    )
     cpu = torch.device("cpu")
-    loaders = {s: make_loader(cfg.data, t, cfg.batch_size, cfg.seed, s == "train", cpu)
-               for s, t in load_splits(cfg.data).items()}
+    loaders = {
+        s: make_loader(cfg.data, t, cfg.batch_size, cfg.seed, s == "train", cpu)
+        for s, t in load_splits(cfg.data).items()
+    }
     folder.mkdir(exist_ok=True)
-    return Trainer(cfg, bn_net(), loaders, cpu, checkpoint_to=folder / checkpoint.FILE, preemption=preemption)
+    hooks = Hooks(
+        checkpoint_to=folder / checkpoint.FILE,
+        preemption=preemption or Preemption(),
+        after_step=fault_hooks(cfg, Rank()),
+    )
+    return Trainer(cfg, bn_net(), loaders, cpu, Rank(), hooks)
 
 
 @pytest.mark.parametrize("aug", ["none", "standard"])
@@ -124,9 +153,11 @@ def test_a_trainer_stopped_by_sigterm_mid_epoch_resumes_bitwise(tmp_path, shared
 
     def kept(entries):
         return [(step, {k: v for k, v in m.items() if not k.startswith(NOT_RESULTS)}) for step, m in entries]
+
     assert kept(logged["parts"]) == kept(logged["whole"]) and [s for s, _ in logged["parts"]] == [0, 1, 2, 3]
-    assert {k: v for k, v in resumed_final.items() if k != "time/total_s"} == \
-        {k: v for k, v in final.items() if k != "time/total_s"}
+    assert {k: v for k, v in resumed_final.items() if k != "time/total_s"} == {
+        k: v for k, v in final.items() if k != "time/total_s"
+    }
     assert_same_weights(tmp_path / "parts" / checkpoint.FILE, tmp_path / "whole" / checkpoint.FILE)
 
 
@@ -145,36 +176,56 @@ def test_metrics_a_stopped_run_already_logged_are_not_logged_twice(store):
 @pytest.fixture
 def unfinished(tmp_path, store, shared_data) -> tuple[Path, str, list[str]]:
     """A RUNNING MLflow run with a real one-epoch checkpoint: (its folder, run id, its overrides)."""
-    overrides = ["data=adrenalmnist3d", f"data.root={shared_data}", "data.download=false", "device=cpu",
-                 f"mlflow.tracking_uri={store}"]
+    overrides = [
+        "data=adrenalmnist3d",
+        f"data.root={shared_data}",
+        "data.download=false",
+        "device=cpu",
+        f"mlflow.tracking_uri={store}",
+    ]
     cfg = compose_config(*overrides)
     run = RunLogger.start(ensure_store(store), "medsweep", "r", params={}, tags={"output_dir": str(tmp_path / "run")})
     job = trainer(shared_data, tmp_path / "run", "epochs=1", "limit_batches=2")
-    job.checkpoint_meta = {"run_id": run.run_id, "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
-                           "batch_size": 2, "accumulate": 2, "world": 1}
+    job.hooks.checkpoint_meta = {
+        "run_id": run.run_id,
+        "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+        "batch_size": 2,
+        "accumulate": 2,
+        "world": 1,
+    }
     job.fit(lambda metrics, step: None)
     return tmp_path / "run", run.run_id, overrides
 
 
 def resume_error(value: str, overrides: list[str]) -> str:
     with pytest.raises(UsageError) as err:
-        explicit(compose_config(*overrides, f"resume={value}"), [*overrides, f"resume={value}"],
-                 mlflow.MlflowClient(OmegaConf.select(compose_config(*overrides), "mlflow.tracking_uri")))
+        explicit(
+            compose_config(*overrides, f"resume={value}"),
+            [*overrides, f"resume={value}"],
+            mlflow.MlflowClient(OmegaConf.select(compose_config(*overrides), "mlflow.tracking_uri")),
+        )
     return str(err.value)
 
 
 def test_bad_resume_values_name_the_value_and_the_fix(tmp_path, store, unfinished):
     folder, run_id, overrides = unfinished
-    assert explicit(compose_config(*overrides, f"resume={run_id}"), [f"resume={run_id}", *overrides[-1:]],
-                    mlflow.MlflowClient(store))[1].run_id == run_id  # the good case, by run id
+    assert (
+        explicit(
+            compose_config(*overrides, f"resume={run_id}"),
+            [f"resume={run_id}", *overrides[-1:]],
+            mlflow.MlflowClient(store),
+        )[1].run_id
+        == run_id
+    )  # the good case, by run id
     assert resume_error("nope", overrides).startswith("resume=nope is neither a folder nor a run id in")
     (tmp_path / "empty").mkdir()
     assert f"no checkpoint.pt in {tmp_path / 'empty'}" in resume_error(str(tmp_path / "empty"), overrides)
     assert "would change epochs=15->5" in resume_error(str(folder), [*overrides, "epochs=5"])
     other = f"sqlite:///{tmp_path / 'other.db'}"
     ensure_store(other)
-    assert f"is not in {other}: set mlflow.tracking_uri" in \
-        resume_error(str(folder), [*overrides[:-1], f"mlflow.tracking_uri={other}"])
+    assert f"is not in {other}: set mlflow.tracking_uri" in resume_error(
+        str(folder), [*overrides[:-1], f"mlflow.tracking_uri={other}"]
+    )
     mlflow.MlflowClient(store).set_terminated(run_id, "FINISHED")
     assert f"run {run_id} is already FINISHED" in resume_error(run_id, overrides)
 
@@ -196,13 +247,20 @@ def wait_for_checkpoint(path: Path, process: subprocess.Popen, epochs_done: int)
 
 
 def popen(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "src.train", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return subprocess.Popen(
+        [sys.executable, "-m", "src.train", *args],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 @pytest.mark.slow
-def test_a_run_killed_after_epoch_2_resumes_by_run_id_to_the_uninterrupted_result(tmp_path, store, shared_data,
-                                                                                   reference):
+def test_a_run_killed_after_epoch_2_resumes_by_run_id_to_the_uninterrupted_result(
+    tmp_path, store, shared_data, reference
+):
     process = popen(*small_run(tmp_path, store, shared_data, *RUN))
     wait_for_checkpoint(tmp_path / "run" / checkpoint.FILE, process, epochs_done=2)
     process.send_signal(signal.SIGKILL)
@@ -219,8 +277,9 @@ def test_a_run_killed_after_epoch_2_resumes_by_run_id_to_the_uninterrupted_resul
 
 
 @pytest.mark.slow
-def test_sigterm_mid_epoch_checkpoints_exits_143_and_resumes_to_the_uninterrupted_result(tmp_path, store,
-                                                                                        shared_data, reference):
+def test_sigterm_mid_epoch_checkpoints_exits_143_and_resumes_to_the_uninterrupted_result(
+    tmp_path, store, shared_data, reference
+):
     result = run_cli(*small_run(tmp_path, store, shared_data, *RUN, "fault.term_step=4"))  # epoch 2, step 1 of 3
     assert result.returncode == EXIT_PREEMPTED, result.stderr[-3000:]
     (run,) = runs(store)

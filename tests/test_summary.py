@@ -1,15 +1,18 @@
 """``python -m src.summary``: one line per model, a stage table, the dsconv FLOP ratio; real processes."""
+
 from __future__ import annotations
 
 import re
 
 import torch
 
-from src.config import ModelConfig
+from src.config import DataConfig, ModelConfig
 from src.models import build_model
 from src.models.profile import forward_flops
 from src.summary import summarize
-from tests.conftest import run_cli
+from tests.helpers import run_cli
+
+DATA = DataConfig(name="synthetic", num_classes=2)
 
 LINE = re.compile(r"^model=(\w+) size=(\d+) params=(\d+) gflops=(\d+\.\d{3}) out=\((\d+),(\d+)\)$", re.MULTILINE)
 
@@ -21,24 +24,34 @@ def test_densenet121_at_64_with_the_standard_stem():
     assert LINE.fullmatch(lines[0]).groups()[:3] == ("densenet121", "64", "11244674")
     assert LINE.fullmatch(lines[0]).groups()[4:] == ("1", "2")
     assert [line.split()[0] for line in lines[2:]] == [
-        "stem", "block1", "transition1", "block2", "transition2", "block3", "transition3", "block4", "head"]
+        "stem",
+        "block1",
+        "transition1",
+        "block2",
+        "transition2",
+        "block3",
+        "transition3",
+        "block4",
+        "head",
+    ]
     assert "(1,1024,2,2,2)" in lines[-2]
 
 
 def test_sweep_prints_one_line_per_model(tmp_path):
-    result = run_cli("-m", "model=resnet18,densenet121", f"hydra.sweep.dir={tmp_path}", module="src.summary",
-                     timeout=120)
+    result = run_cli(
+        "-m", "model=resnet18,densenet121", f"hydra.sweep.dir={tmp_path}", module="src.summary", timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert [match[0] for match in LINE.findall(result.stdout)] == ["resnet18", "densenet121"]
 
 
 def test_dsconv_ratio_against_the_dense_model():
-    text = summarize(ModelConfig(name="resnet18", dsconv=True), 1, 2, 28)
+    text = summarize(ModelConfig(name="resnet18", dsconv=True), DATA)
     flops = {}
     for dsconv in (False, True):
         with torch.device("meta"):
-            model = build_model(ModelConfig(name="resnet18", dsconv=dsconv), 1, 2, 28).eval()
+            model = build_model(ModelConfig(name="resnet18", dsconv=dsconv), DATA).eval()
         flops[dsconv] = forward_flops(model, torch.empty(1, 1, 28, 28, 28, device="meta"))
     assert LINE.match(text).group(4) == f"{flops[True] / 1e9:.3f}"
     assert text.splitlines()[-1] == f"dsconv flop ratio vs dense: {flops[True] / flops[False]:.3f}"
-    assert "flop ratio" not in summarize(ModelConfig(name="resnet18"), 1, 2, 28)
+    assert "flop ratio" not in summarize(ModelConfig(name="resnet18"), DATA)

@@ -1,4 +1,5 @@
 """``skip_finished``: a sweep started again runs only the configs without a FINISHED run."""
+
 from __future__ import annotations
 
 import os
@@ -9,9 +10,10 @@ import time
 
 import pytest
 
-from src.tracking import config_hash, ensure_store, flatten
-from tests.conftest import ROOT, compose_config, run_cli, runs
-from tests.test_train import small_run
+from src.tracking.identity import config_hash, flatten
+from src.tracking.store import ensure_store
+from tests.helpers import ROOT, compose_config, run_cli, runs, small_run
+
 
 def children(store: str) -> list:
     return [r for r in runs(store) if r.data.tags.get("mlflow.parentRunId")]
@@ -23,8 +25,16 @@ def finished_seeds(store: str) -> list[str]:
 
 def test_the_hash_ignores_where_a_run_logs_and_how_it_is_started():
     base = config_hash(flatten(compose_config("seed=1")))
-    same = compose_config("seed=1", "mlflow.tracking_uri=sqlite:///other.db", "mlflow.experiment=e", "data.root=/x",
-                          "data.download=false", "skip_finished=false", "rerun=abc", "objective=val/auc")
+    same = compose_config(
+        "seed=1",
+        "mlflow.tracking_uri=sqlite:///other.db",
+        "mlflow.experiment=e",
+        "data.root=/x",
+        "data.download=false",
+        "skip_finished=false",
+        "rerun=abc",
+        "objective=val/auc",
+    )
     assert config_hash(flatten(same)) == base
     for override in ("seed=2", "model.dsconv=true", "batch_size=derived"):
         extra = ("effective_batch_size=32",) if override == "batch_size=derived" else ()
@@ -36,9 +46,14 @@ def test_a_killed_sweep_started_again_runs_only_the_unfinished_jobs(tmp_path, st
     args = ("-m", *small_run(tmp_path, store, shared_data, "epochs=1", "seed=0,1,2,3"))
     ensure_store(store)  # created once, before the sweep's process and this test's polling open it
     with open(tmp_path / "first.log", "w") as out:
-        first = subprocess.Popen([sys.executable, "-m", "src.train", *args], cwd=ROOT, stdout=out,
-                                 stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ,
-                                                                                        "PYTHONUNBUFFERED": "1"})
+        first = subprocess.Popen(
+            [sys.executable, "-m", "src.train", *args],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         try:
             deadline = time.monotonic() + 300
             while len(finished_seeds(store)) < 2:

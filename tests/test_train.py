@@ -1,4 +1,5 @@
 """``python -m src.train`` end to end in real processes, into a real MLflow store in a temp dir."""
+
 from __future__ import annotations
 
 import json
@@ -8,34 +9,45 @@ import pandas as pd
 import pytest
 from sklearn.metrics import balanced_accuracy_score, roc_auc_score
 
-from tests.conftest import run_cli, runs
+from tests.helpers import RESULTS, history, run_cli, runs, small_run
 
 CLINICAL = {"balanced_acc", "ece", "sensitivity", "specificity"}  # a binary task's
-EPOCH_METRICS = {"train/loss", "train/acc", "val/loss", "val/acc", "val/auc", "perf/samples_per_s", "perf/step_ms",
-                 "perf/data_wait_frac", "mem/peak_mb", *(f"val/{k}" for k in CLINICAL)}
-FINAL_METRICS = {"test/acc", "test/auc", "model/params", "time/total_s", "stopped_epoch", "best_epoch",
-                 *(f"test/{k}" for k in CLINICAL)}
-RESULTS = {"train/loss", "train/acc", "val/loss", "val/acc", "val/auc", "test/acc", "test/auc", "model/params"}
-
-
-def small_run(tmp_path, store, shared_data, *overrides: str) -> tuple[str, ...]:
-    """A quick job on the real AdrenalMNIST3D file, outputs and store under ``tmp_path``."""
-    return ("data=adrenalmnist3d", f"data.root={shared_data}", "data.download=false", "model=resnet10",
-            "model.stem=standard",
-            "batch_size=4", "epochs=2", "limit_batches=3", "num_threads=1", f"mlflow.tracking_uri={store}",
-            f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep", *overrides)
-
-
-def history(uri: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
-    client = mlflow.MlflowClient(uri)
-    return {key: [(m.step, m.value) for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
-            for key in client.get_run(run_id).data.metrics}
+EPOCH_METRICS = {
+    "train/loss",
+    "train/acc",
+    "val/loss",
+    "val/acc",
+    "val/auc",
+    "perf/samples_per_s",
+    "perf/step_ms",
+    "perf/data_wait_frac",
+    "mem/peak_mb",
+    *(f"val/{k}" for k in CLINICAL),
+}
+FINAL_METRICS = {
+    "test/acc",
+    "test/auc",
+    "model/params",
+    "time/total_s",
+    "stopped_epoch",
+    "best_epoch",
+    *(f"test/{k}" for k in CLINICAL),
+}
 
 
 def test_the_readme_sweep_logs_a_parent_and_two_finished_children(tmp_path, store, shared_data):
-    result = run_cli("-m", "model=densenet121", "amp=true,false", "data=adrenalmnist3d", f"data.root={shared_data}",
-                     "epochs=1", "limit_batches=2", f"mlflow.tracking_uri={store}", f"hydra.sweep.dir={tmp_path}/sweep",
-                     "batch_size=2")  # DenseNet121 at 28^3 trains ~0.3 samples/s on 2 cores: keep the test short
+    result = run_cli(
+        "-m",
+        "model=densenet121",
+        "amp=true,false",
+        "data=adrenalmnist3d",
+        f"data.root={shared_data}",
+        "epochs=1",
+        "limit_batches=2",
+        f"mlflow.tracking_uri={store}",
+        f"hydra.sweep.dir={tmp_path}/sweep",
+        "batch_size=2",
+    )  # DenseNet121 at 28^3 trains ~0.3 samples/s on 2 cores: keep the test short
     assert result.returncode == 0, result.stderr[-3000:]
     all_runs = runs(store)
     parents = [r for r in all_runs if r.data.tags.get("role") == "sweep"]
@@ -65,8 +77,9 @@ def test_the_readme_sweep_logs_a_parent_and_two_finished_children(tmp_path, stor
 
 def test_same_seed_reruns_are_bitwise_identical(tmp_path, store, shared_data):
     for name in ("a", "b"):
-        result = run_cli(*small_run(tmp_path / name, store, shared_data, "seed=3", "deterministic=true",
-                                   "skip_finished=false"))
+        result = run_cli(
+            *small_run(tmp_path / name, store, shared_data, "seed=3", "deterministic=true", "skip_finished=false")
+        )
         assert result.returncode == 0, result.stderr[-3000:]
     first, second = (history(store, r.info.run_id) for r in runs(store))
     for key in RESULTS:
@@ -110,7 +123,9 @@ def test_corrupt_npz_is_refused(tmp_path, store):
     (tmp_path / "adrenalmnist3d.npz").write_bytes(b"not a zip")
     result = run_cli(*small_run(tmp_path, store, tmp_path))
     assert result.returncode == 2
-    assert "adrenalmnist3d.npz has MD5" in result.stderr and "delete it and rerun with data.download=true" in result.stderr
+    assert (
+        "adrenalmnist3d.npz has MD5" in result.stderr and "delete it and rerun with data.download=true" in result.stderr
+    )
 
 
 def test_unknown_model_group_option_names_the_choices(tmp_path, store, shared_data):
@@ -121,8 +136,9 @@ def test_unknown_model_group_option_names_the_choices(tmp_path, store, shared_da
 
 
 def test_a_failing_job_fails_the_parent_and_keeps_the_finished_child(tmp_path, store, shared_data):
-    result = run_cli("-m", *small_run(tmp_path, store, shared_data, "epochs=1", "amp=true",
-                                      "amp_dtype=bfloat16,float16"))
+    result = run_cli(
+        "-m", *small_run(tmp_path, store, shared_data, "epochs=1", "amp=true", "amp_dtype=bfloat16,float16")
+    )
     assert result.returncode == 2
     parent = next(r for r in runs(store) if r.data.tags.get("role") == "sweep")
     children = [r for r in runs(store) if r.data.tags.get("mlflow.parentRunId")]
@@ -132,8 +148,12 @@ def test_a_failing_job_fails_the_parent_and_keeps_the_finished_child(tmp_path, s
 
 @pytest.mark.slow
 def test_full_sweep_over_schedulers_and_loaders(tmp_path, store, shared_data):
-    result = run_cli("-m", *small_run(tmp_path, store, shared_data, "sched=multistep,cosine,cyclic",
-                                      "data.loader=tensor,dataloader", "optim=sgd"))
+    result = run_cli(
+        "-m",
+        *small_run(
+            tmp_path, store, shared_data, "sched=multistep,cosine,cyclic", "data.loader=tensor,dataloader", "optim=sgd"
+        ),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     children = [r for r in runs(store) if r.data.tags.get("mlflow.parentRunId")]
     assert len(children) == 6 and {r.info.status for r in children} == {"FINISHED"}
@@ -141,19 +161,34 @@ def test_full_sweep_over_schedulers_and_loaders(tmp_path, store, shared_data):
 
 @pytest.mark.slow
 def test_the_accuracy_recipe_runs_as_written_and_logs_every_metric_and_artifact(tmp_path, store, shared_data):
-    result = run_cli("experiment=accuracy_cpu", "data=adrenalmnist3d", f"data.root={shared_data}", "data.download=false",
-                     "seed=0", "epochs=3", "warmup_epochs=1", "limit_batches=2", "num_threads=1",
-                     f"mlflow.tracking_uri={store}", f"hydra.run.dir={tmp_path}/run")
+    result = run_cli(
+        "experiment=accuracy_cpu",
+        "data=adrenalmnist3d",
+        f"data.root={shared_data}",
+        "data.download=false",
+        "seed=0",
+        "epochs=3",
+        "warmup_epochs=1",
+        "limit_batches=2",
+        "num_threads=1",
+        f"mlflow.tracking_uri={store}",
+        f"hydra.run.dir={tmp_path}/run",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = runs(store)
     assert EPOCH_METRICS | FINAL_METRICS <= set(run.data.metrics)
     params = run.data.params
-    assert (params["model.name"], params["model.stem"], params["aug.name"], params["optim.name"]) == \
-        ("resnet18", "standard", "standard", "adamw")
+    assert (params["model.name"], params["model.stem"], params["aug.name"], params["optim.name"]) == (
+        "resnet18",
+        "standard",
+        "standard",
+        "adamw",
+    )
     client = mlflow.MlflowClient(store)
     predictions = pd.read_csv(client.download_artifacts(run.info.run_id, "eval/test_predictions.csv", str(tmp_path)))
     assert list(predictions.columns) == ["index", "label", "score_0", "score_1"] and len(predictions) == 2 * 32
     metrics = run.data.metrics  # anyone can recompute the logged test metrics from the predictions
     assert roc_auc_score(predictions["label"], predictions["score_1"]) == pytest.approx(metrics["test/auc"], abs=1e-6)
-    assert balanced_accuracy_score(predictions["label"], (predictions["score_1"] > 0.5).astype(int)) == \
-        pytest.approx(metrics["test/balanced_acc"])
+    assert balanced_accuracy_score(predictions["label"], (predictions["score_1"] > 0.5).astype(int)) == pytest.approx(
+        metrics["test/balanced_acc"]
+    )

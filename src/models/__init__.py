@@ -1,21 +1,42 @@
 """The model zoo: 3D ResNets and DenseNets behind one registry and :func:`build_model`."""
+
 from __future__ import annotations
+
+from typing import Any
 
 from torch import nn
 
-from src.config import ModelConfig
+from src.config import DataConfig, ModelConfig
 from src.models import densenet3d, resnet3d  # noqa: F401  (registers the models)
+from src.models.layers import Layers, resolve_stem
 from src.models.registry import MODELS
 
-__all__ = ["MODELS", "build_model"]
+__all__ = ["MODELS", "build_model", "model_kwargs"]
 
 
-def build_model(cfg: ModelConfig, in_channels: int, num_classes: int, size: int) -> nn.Module:
-    """Build ``cfg.name`` at its standard widths for ``size``^3 inputs (``size`` only resolves ``stem=auto``).
+def build_model(cfg: ModelConfig, data: DataConfig) -> nn.Module:
+    """Build ``cfg.name`` at its standard widths for ``data``'s channels, classes and size (the size resolves
+    ``stem=auto``).
 
     Raises:
         ValueError: ``cfg.name`` is not registered.
     """
     if cfg.name not in MODELS:
         raise ValueError(f"unknown model.name={cfg.name!r}; valid names: {', '.join(MODELS)}")
-    return MODELS[cfg.name](cfg=cfg, in_channels=in_channels, num_classes=num_classes, size=size)
+    return MODELS[cfg.name](**model_kwargs(cfg, data))
+
+
+def model_kwargs(cfg: ModelConfig, data: DataConfig) -> dict[str, Any]:
+    """The plain values a zoo member takes, from the only reader of :class:`ModelConfig`."""
+    layers = Layers(cfg.activation, cfg.norm, cfg.dsconv, cfg.dsconv_mid_norm, cfg.inplace_act)
+    return {
+        "in_channels": data.in_channels,
+        "num_classes": data.num_classes,
+        "stem": resolve_stem(cfg.stem, data.size),
+        "layers": layers,
+        "init": cfg.init,
+        "init_mode": cfg.init_mode,
+        "shortcut": cfg.shortcut,
+        "zero_init_residual": cfg.zero_init_residual,
+        "checkpointing": cfg.checkpointing,
+    }

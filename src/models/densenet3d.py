@@ -1,4 +1,5 @@
 """3D DenseNets 121-264 (Huang et al.; the MONAI layout), optionally memory-efficient (Pleiss et al.)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -10,8 +11,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from src.config import ModelConfig
-from src.models.layers import HalvingAvgPool3d, Layers, init_weights, resolve_stem
+from src.config import Init, InitMode, Shortcut, Stem
+from src.models.layers import HalvingAvgPool3d, Layers, init_weights
 from src.models.registry import register_model
 
 
@@ -27,14 +28,16 @@ def kept_buffers(module: nn.Module) -> Iterator[None]:
                 buffer.copy_(value)
 
 
-def recomputed(module: nn.Module, function: Callable[..., torch.Tensor], norm: nn.Module,
-               *inputs: torch.Tensor) -> torch.Tensor:
+def recomputed(
+    module: nn.Module, function: Callable[..., torch.Tensor], norm: nn.Module, *inputs: torch.Tensor
+) -> torch.Tensor:
     """``function(*inputs)``; when ``module.checkpointing`` applies (training, grad enabled), its activations
     are not stored but recomputed in backward (``use_reentrant=False``), leaving ``norm``'s running stats alone."""
     if not (module.checkpointing and module.training and torch.is_grad_enabled()):
         return function(*inputs)
-    return checkpoint(function, *inputs, use_reentrant=False,
-                      context_fn=lambda: (contextlib.nullcontext(), kept_buffers(norm)))
+    return checkpoint(
+        function, *inputs, use_reentrant=False, context_fn=lambda: (contextlib.nullcontext(), kept_buffers(norm))
+    )
 
 
 class DenseLayer(nn.Module):
@@ -68,8 +71,14 @@ class Transition(nn.Sequential):
     backward like a dense layer's bottleneck (it is the same concat-norm-act-1^3 conv pattern)."""
 
     def __init__(self, in_channels: int, out_channels: int, layers: Layers, checkpointing: bool) -> None:
-        super().__init__(OrderedDict(norm=layers.norm(in_channels), act=layers.act(in_channels),
-                                     conv=layers.conv(in_channels, out_channels), pool=HalvingAvgPool3d()))
+        super().__init__(
+            OrderedDict(
+                norm=layers.norm(in_channels),
+                act=layers.act(in_channels),
+                conv=layers.conv(in_channels, out_channels),
+                pool=HalvingAvgPool3d(),
+            )
+        )
         self.checkpointing = checkpointing
 
     def squeeze(self, x: torch.Tensor) -> torch.Tensor:
@@ -94,40 +103,57 @@ class DenseNet3D(nn.Sequential):
 
     A transition is norm, act, 1^3 conv to ``compression`` of the channels, 2^3 average pool that keeps
     maps already below 2 voxels (:class:`HalvingAvgPool3d`), so every stem runs at 28^3. With
-    ``cfg.checkpointing``, every dense layer's bottleneck and every transition's norm-act-conv are recomputed in
+    ``checkpointing``, every dense layer's bottleneck and every transition's norm-act-conv are recomputed in
     backward instead of stored.
-    ``cfg.zero_init_residual`` is ignored: a DenseNet has no residual branch to zero, so the switch stays
-    valid across a zoo-wide sweep. ``cfg.shortcut`` does not apply either.
+    ``zero_init_residual`` and ``shortcut`` are accepted and ignored: a DenseNet has no residual branch, and
+    the switches stay valid across a zoo-wide sweep.
 
     Args:
         block_config: dense layers per block.
-        cfg: the model switches (stem, activation, norm, dsconv, init, checkpointing).
         in_channels: input channels.
         num_classes: logits.
-        size: input edge, which resolves ``stem=auto``.
+        stem: the stem (resolved: not ``auto``).
+        layers: builds every activation, norm and conv.
+        init, init_mode: weight initialisation.
+        checkpointing: recompute bottlenecks and transitions in backward.
         growth_rate: maps each dense layer adds.
         init_features: stem channels.
         bn_size: bottleneck width in units of ``growth_rate``.
         compression: channel fraction a transition keeps.
     """
 
-    def __init__(self, block_config: Sequence[int], cfg: ModelConfig, in_channels: int, num_classes: int, size: int,
-                 growth_rate: int = 32, init_features: int = 64, bn_size: int = 4, compression: float = 0.5) -> None:
-        layers = Layers.from_config(cfg)
-        stages = OrderedDict(stem=layers.stem(in_channels, init_features, resolve_stem(cfg.stem, size)))
+    def __init__(
+        self,
+        block_config: Sequence[int],
+        in_channels: int,
+        num_classes: int,
+        stem: Stem,
+        layers: Layers,
+        init: Init,
+        init_mode: InitMode,
+        checkpointing: bool = False,
+        shortcut: Shortcut = Shortcut.B,
+        zero_init_residual: bool = False,
+        growth_rate: int = 32,
+        init_features: int = 64,
+        bn_size: int = 4,
+        compression: float = 0.5,
+    ) -> None:
+        stages = OrderedDict(stem=layers.stem(in_channels, init_features, stem))
         channels = init_features
         for index, num_layers in enumerate(block_config, 1):
             stages[f"block{index}"] = DenseBlock(
-                DenseLayer(channels + i * growth_rate, growth_rate, bn_size, layers, cfg.checkpointing)
-                for i in range(num_layers))
+                DenseLayer(channels + i * growth_rate, growth_rate, bn_size, layers, checkpointing)
+                for i in range(num_layers)
+            )
             channels += num_layers * growth_rate
             if index < len(block_config):
                 out_channels = int(channels * compression)
-                stages[f"transition{index}"] = Transition(channels, out_channels, layers, cfg.checkpointing)
+                stages[f"transition{index}"] = Transition(channels, out_channels, layers, checkpointing)
                 channels = out_channels
         stages["head"] = layers.head(channels, num_classes, preact=True)
         super().__init__(stages)
-        init_weights(self, cfg.init, cfg.init_mode, cfg.activation)
+        init_weights(self, init, init_mode, layers.activation)
 
 
 @register_model

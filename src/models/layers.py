@@ -1,8 +1,9 @@
-"""The one place that turns ``ModelConfig`` switches into layers: activation, norm, conv, stem, head, init.
+"""The one place that turns the model switches into layers: activation, norm, conv, stem, head, init.
 
 Every block of the zoo asks a :class:`Layers` for its modules, so ``activation``, ``norm`` and ``dsconv``
 reach every position, and :func:`init_weights` is the single initialisation.
 """
+
 from __future__ import annotations
 
 import functools
@@ -14,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from src.config import Activation, Init, InitMode, ModelConfig, Norm, Stem
+from src.config import Activation, Init, InitMode, Norm, Stem
 
 NORMS = (nn.BatchNorm3d, nn.GroupNorm, nn.InstanceNorm3d)
 PRELU_INIT = 0.25  # nn.PReLU's initial slope, also the slope its init gain assumes
@@ -75,10 +76,19 @@ class DepthwiseSeparableConv3d(nn.Sequential):
     between the two when ``dsconv_mid_norm`` is set.
     """
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int,
-                 mid: tuple[nn.Module, nn.Module] | None) -> None:
-        parts = OrderedDict(depthwise=Conv3d(in_channels, in_channels, kernel_size, stride, kernel_size // 2,
-                                             groups=in_channels, bias=False))
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int,
+        stride: int,
+        mid: tuple[nn.Module, nn.Module] | None,
+    ) -> None:
+        parts = OrderedDict(
+            depthwise=Conv3d(
+                in_channels, in_channels, kernel_size, stride, kernel_size // 2, groups=in_channels, bias=False
+            )
+        )
         if mid is not None:
             parts["norm"], parts["act"] = mid
         parts["pointwise"] = Conv3d(in_channels, out_channels, 1, bias=False)
@@ -106,22 +116,22 @@ class Layers:
     dsconv_mid_norm: bool
     inplace_act: bool = True
 
-    @classmethod
-    def from_config(cls, cfg: ModelConfig) -> Layers:
-        return cls(cfg.activation, cfg.norm, cfg.dsconv, cfg.dsconv_mid_norm, cfg.inplace_act)
-
     def act(self, channels: int) -> nn.Module:
         """A fresh activation module for one position.
 
-        ReLU runs in place unless ``inplace_act`` is off: its backward needs only its output, and it only ever follows a norm or a
-        residual sum, whose outputs no other backward needs. SiLU and Mish stay out of place because
+        ReLU runs in place unless ``inplace_act`` is off: its backward needs only its output, and it only ever
+        follows a norm or a residual sum, whose outputs no other backward needs. SiLU and Mish stay out of place because
         their in-place forms make autograd keep a copy of the input anyway. PReLU learns one slope per
         channel (``num_parameters=channels``, initial slope 0.25).
         """
         if self.activation is Activation.prelu:
             return nn.PReLU(channels, init=PRELU_INIT)
-        return {Activation.relu: lambda: nn.ReLU(inplace=self.inplace_act), Activation.swish: nn.SiLU,
-                Activation.gelu: nn.GELU, Activation.mish: nn.Mish}[self.activation]()
+        return {
+            Activation.relu: lambda: nn.ReLU(inplace=self.inplace_act),
+            Activation.swish: nn.SiLU,
+            Activation.gelu: nn.GELU,
+            Activation.mish: nn.Mish,
+        }[self.activation]()
 
     def norm(self, channels: int) -> nn.Module:
         """BatchNorm3d, GroupNorm with :func:`group_count` groups, or affine InstanceNorm3d.
@@ -151,9 +161,11 @@ class Layers:
         The stem conv is always dense. ``stem`` must be resolved already (:func:`resolve_stem`).
         """
         kernel_size, stride = {Stem.small: (3, 1), Stem.standard: (7, 2)}[stem]
-        parts = OrderedDict(conv=Conv3d(in_channels, out_channels, kernel_size, stride, kernel_size // 2,
-                                        bias=False),
-                            norm=self.norm(out_channels), act=self.act(out_channels))
+        parts = OrderedDict(
+            conv=Conv3d(in_channels, out_channels, kernel_size, stride, kernel_size // 2, bias=False),
+            norm=self.norm(out_channels),
+            act=self.act(out_channels),
+        )
         if stem is Stem.standard:
             parts["pool"] = nn.MaxPool3d(3, 2, 1)
         return nn.Sequential(parts)

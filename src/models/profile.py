@@ -6,6 +6,7 @@ the counter's *weight-gradient* count for a grouped conv ignores ``groups`` (it 
 conv's by ``C``): :func:`train_flops` counts backward with that term divided by ``groups``.
 Models built under ``torch.device("meta")`` are counted without allocating or computing anything.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -50,8 +51,21 @@ def profile_stages(model: nn.Sequential, x: torch.Tensor) -> list[StageProfile]:
     return rows
 
 
-def _grouped_conv_backward_flop(grad_out_shape, x_shape, w_shape, bias, stride, padding, dilation, transposed,
-                                output_padding, groups, output_mask, out_shape, **kwargs) -> int:
+def _grouped_conv_backward_flop(
+    grad_out_shape,
+    x_shape,
+    w_shape,
+    bias,
+    stride,
+    padding,
+    dilation,
+    transposed,
+    output_padding,
+    groups,
+    output_mask,
+    out_shape,
+    **kwargs,
+) -> int:
     """torch's conv backward count with the weight-gradient term divided by ``groups`` (torch omits it)."""
     args = (grad_out_shape, x_shape, w_shape, bias, stride, padding, dilation, transposed, output_padding, groups)
     grad_input = conv_backward_flop(*args, [output_mask[0], False, False], out_val=out_shape)
@@ -61,6 +75,19 @@ def _grouped_conv_backward_flop(grad_out_shape, x_shape, w_shape, bias, stride, 
 
 def train_flops(module: nn.Module, x: torch.Tensor) -> int:
     """FLOPs of one training step's forward and backward on ``x`` (the module in train mode)."""
-    with FlopCounterMode(display=False, custom_mapping={aten.convolution_backward: _grouped_conv_backward_flop}) as counter:
+    with FlopCounterMode(
+        display=False, custom_mapping={aten.convolution_backward: _grouped_conv_backward_flop}
+    ) as counter:
         module(x).float().sum().backward()
     return counter.get_total_flops()
+
+
+def autocast_weight_grad(conv: nn.Conv3d, x: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """The conv's output under ``torch.autocast("cpu", bfloat16)`` and its weight gradient's ``|g - g64| / |g64|``
+    against the float64 reference, for a random output gradient."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = conv(x)
+    grad = torch.randn(out.shape)
+    out.float().backward(grad)
+    reference = torch.nn.grad.conv3d_weight(x.double(), conv.weight.shape, grad.double(), conv.stride, conv.padding)
+    return out, ((conv.weight.grad.double() - reference).norm() / reference.norm()).item()

@@ -1,4 +1,5 @@
 """The model registry: ``@register_model`` files a builder under its function name (as timm does)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -1,4 +1,5 @@
 """3D ResNets 10-200 in the MedicalNet / MONAI layout (stride on the 3^3 conv, shortcut A or B)."""
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -9,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from src.config import ModelConfig, Shortcut
-from src.models.layers import Layers, init_weights, resolve_stem
+from src.config import Init, InitMode, Shortcut, Stem
+from src.models.layers import Layers, init_weights
 from src.models.registry import register_model
 
 
@@ -48,8 +49,13 @@ class ResidualBlock(nn.Module):
         self.branch = self.make_branch(in_channels, planes, stride, layers)
         self.shortcut: nn.Module | None = None
         if stride != 1 or in_channels != out_channels:
-            self.shortcut = ZeroPadShortcut(out_channels, stride) if shortcut is Shortcut.A else nn.Sequential(
-                OrderedDict(conv=layers.conv(in_channels, out_channels, 1, stride), norm=layers.norm(out_channels)))
+            self.shortcut = (
+                ZeroPadShortcut(out_channels, stride)
+                if shortcut is Shortcut.A
+                else nn.Sequential(
+                    OrderedDict(conv=layers.conv(in_channels, out_channels, 1, stride), norm=layers.norm(out_channels))
+                )
+            )
         self.act = layers.act(out_channels)
 
     @staticmethod
@@ -68,9 +74,15 @@ class BasicBlock(ResidualBlock):
 
     @staticmethod
     def make_branch(in_channels: int, planes: int, stride: int, layers: Layers) -> nn.Sequential:
-        return nn.Sequential(OrderedDict(
-            conv1=layers.conv(in_channels, planes, 3, stride), norm1=layers.norm(planes), act1=layers.act(planes),
-            conv2=layers.conv(planes, planes, 3), norm2=layers.norm(planes)))
+        return nn.Sequential(
+            OrderedDict(
+                conv1=layers.conv(in_channels, planes, 3, stride),
+                norm1=layers.norm(planes),
+                act1=layers.act(planes),
+                conv2=layers.conv(planes, planes, 3),
+                norm2=layers.norm(planes),
+            )
+        )
 
 
 class Bottleneck(ResidualBlock):
@@ -81,10 +93,18 @@ class Bottleneck(ResidualBlock):
     @staticmethod
     def make_branch(in_channels: int, planes: int, stride: int, layers: Layers) -> nn.Sequential:
         out_channels = planes * Bottleneck.expansion
-        return nn.Sequential(OrderedDict(
-            conv1=layers.conv(in_channels, planes), norm1=layers.norm(planes), act1=layers.act(planes),
-            conv2=layers.conv(planes, planes, 3, stride), norm2=layers.norm(planes), act2=layers.act(planes),
-            conv3=layers.conv(planes, out_channels), norm3=layers.norm(out_channels)))
+        return nn.Sequential(
+            OrderedDict(
+                conv1=layers.conv(in_channels, planes),
+                norm1=layers.norm(planes),
+                act1=layers.act(planes),
+                conv2=layers.conv(planes, planes, 3, stride),
+                norm2=layers.norm(planes),
+                act2=layers.act(planes),
+                conv3=layers.conv(planes, out_channels),
+                norm3=layers.norm(out_channels),
+            )
+        )
 
 
 class ResNet3D(nn.Sequential):
@@ -93,29 +113,45 @@ class ResNet3D(nn.Sequential):
     Args:
         block: :class:`BasicBlock` or :class:`Bottleneck`.
         depths: blocks per stage.
-        cfg: the model switches (stem, activation, norm, dsconv, shortcut, init, zero_init_residual).
         in_channels: input channels.
         num_classes: logits.
-        size: input edge, which resolves ``stem=auto``.
+        stem: the stem (resolved: not ``auto``).
+        layers: builds every activation, norm and conv.
+        init, init_mode: weight initialisation.
+        shortcut: the projection of a block that changes shape (A: zero-padded identity, B: 1^3 conv).
+        zero_init_residual: each block's last norm starts at zero (the block starts as its shortcut).
+        checkpointing: not used (no recomputation here), accepted so one switch spans the zoo.
         widths: stage widths before the block expansion; the stem has ``widths[0]`` channels.
     """
 
-    def __init__(self, block: type[ResidualBlock], depths: Sequence[int], cfg: ModelConfig, in_channels: int,
-                 num_classes: int, size: int, widths: Sequence[int] = (64, 128, 256, 512)) -> None:
-        layers = Layers.from_config(cfg)
-        stages = OrderedDict(stem=layers.stem(in_channels, widths[0], resolve_stem(cfg.stem, size)))
+    def __init__(
+        self,
+        block: type[ResidualBlock],
+        depths: Sequence[int],
+        in_channels: int,
+        num_classes: int,
+        stem: Stem,
+        layers: Layers,
+        init: Init,
+        init_mode: InitMode,
+        shortcut: Shortcut = Shortcut.B,
+        zero_init_residual: bool = False,
+        checkpointing: bool = False,
+        widths: Sequence[int] = (64, 128, 256, 512),
+    ) -> None:
+        stages = OrderedDict(stem=layers.stem(in_channels, widths[0], stem))
         channels = widths[0]
         for index, (depth, width) in enumerate(zip(depths, widths)):
             blocks = []
             for position in range(depth):
                 stride = 2 if index > 0 and position == 0 else 1
-                blocks.append(block(channels, width, stride, layers, cfg.shortcut))
+                blocks.append(block(channels, width, stride, layers, shortcut))
                 channels = width * block.expansion
             stages[f"layer{index + 1}"] = nn.Sequential(*blocks)
         stages["head"] = layers.head(channels, num_classes)
         super().__init__(stages)
-        init_weights(self, cfg.init, cfg.init_mode, cfg.activation)
-        if cfg.zero_init_residual:
+        init_weights(self, init, init_mode, layers.activation)
+        if zero_init_residual:
             for module in self.modules():
                 if isinstance(module, ResidualBlock):
                     nn.init.zeros_(module.branch[-1].weight)

@@ -1,4 +1,5 @@
 """``batch_size=auto``: the largest micro-batch the memory predictor says fits, confirmed by real steps."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -9,11 +10,10 @@ from pathlib import Path
 import torch
 
 from src.config import Config, Norm
-from src.data import load_splits, make_loader
-from src.engine import Trainer
+from src.data import load_splits
 from src.errors import UsageError
-from src.memory import predict
-from src.models import build_model
+from src.perf.memory import predict
+from src.training.build import build_trainer
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +50,10 @@ def per_rank_batch(cfg: Config, world: int, accumulate: int = 1) -> int:
     per_rank, rest = divmod(cfg.effective_batch_size, world * accumulate)
     if rest:
         split = f"accumulate x ranks = {accumulate} x {world}" if accumulate > 1 else f"the {world} ranks"
-        raise UsageError(f"effective_batch_size={cfg.effective_batch_size} is not a multiple of {split}: "
-                         f"use a multiple of {world * accumulate}")
+        raise UsageError(
+            f"effective_batch_size={cfg.effective_batch_size} is not a multiple of {split}: "
+            f"use a multiple of {world * accumulate}"
+        )
     return per_rank
 
 
@@ -73,13 +75,10 @@ def probe_peak_mb(cfg: Config, device: torch.device, batch_size: int) -> float:
     """Measured peak of real training steps at ``batch_size`` (the run's model, data and precision): two, since the
     optimizer's state (Adam: 2x the parameters) exists only from the first step's end, in the second's peak."""
     probe = dataclasses.replace(cfg, batch_size=batch_size, accumulate=1, limit_batches=2, epochs=1)
-    model = build_model(cfg.model, cfg.data.in_channels, cfg.data.num_classes, cfg.data.size).to(device)
-    splits = load_splits(cfg.data)
-    loaders = {"train": make_loader(cfg.data, splits["train"], batch_size, cfg.seed, True, device)}
-    trainer = Trainer(probe, model, loaders, device)
+    trainer = build_trainer(probe, device, splits={"train": load_splits(cfg.data)["train"]})
     trainer.memory.start()
     peak = trainer.train_epoch(0)["mem/peak_mb"]
-    del trainer, model, loaders
+    del trainer
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return peak
@@ -100,10 +99,21 @@ def fit_batch(cfg: Config, device: torch.device, world: int) -> tuple[Config, di
             log.info("batch_size=auto: %d predicted %.0f MiB but measured %.0f > budget", batch, predicted, measured)
             continue
         accumulate = target // (batch * world) if target else cfg.accumulate
-        log.info("batch_size=auto: batch_size=%d accumulate=%d (predicted %.0f MiB, probe %.0f MiB, budget %.0f MiB)",
-                 batch, accumulate, predicted, measured, budget)
+        log.info(
+            "batch_size=auto: batch_size=%d accumulate=%d (predicted %.0f MiB, probe %.0f MiB, budget %.0f MiB)",
+            batch,
+            accumulate,
+            predicted,
+            measured,
+            budget,
+        )
         return dataclasses.replace(cfg, batch_size=batch, accumulate=accumulate), {
-            "batch.auto": "true", "batch.auto_budget_mb": f"{budget:.0f}",
-            "batch.auto_predicted_mb": f"{predicted:.0f}", "batch.auto_probe_mb": f"{measured:.0f}"}
-    raise UsageError(f"batch_size=auto: no micro-batch fits mem_budget_mb={budget:.0f}: raise mem_budget_mb, "
-                     f"or save memory (amp=true, model.checkpointing=true)")
+            "batch.auto": "true",
+            "batch.auto_budget_mb": f"{budget:.0f}",
+            "batch.auto_predicted_mb": f"{predicted:.0f}",
+            "batch.auto_probe_mb": f"{measured:.0f}",
+        }
+    raise UsageError(
+        f"batch_size=auto: no micro-batch fits mem_budget_mb={budget:.0f}: raise mem_budget_mb, "
+        f"or save memory (amp=true, model.checkpointing=true)"
+    )

@@ -4,6 +4,7 @@ and whether a switch costs accuracy.
 A runs frame has one row per run: its params as strings (columns named like MLflow's, ``amp``,
 ``model.name``) and its metrics as floats (``test/auc``, ``perf/samples_per_s``, ``mem/peak_mb`` ...).
 """
+
 from __future__ import annotations
 
 import re
@@ -12,14 +13,26 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from src.tracking import NOT_HASHED
+from src.tracking.identity import NOT_HASHED
 
 SEED = "seed"
 THROUGHPUT, MEMORY, AUC = "perf/samples_per_s", "mem/peak_mb", "test/auc"
 NO_LOSS, LOSS, INCONCLUSIVE = "no loss", "loss", "inconclusive"
 MAX_PAIRS = 10**9  # more_pairs beyond this: the mean sits at -margin (to float rounding), no sweep would settle it
-EFFECT_COLUMNS = ["param", "value", "baseline", "pairs", "speed_ratio", "memory_ratio", "dauc_mean", "dauc_lo",
-                  "dauc_hi", "verdict", "more_pairs", "margin"]
+EFFECT_COLUMNS = [
+    "param",
+    "value",
+    "baseline",
+    "pairs",
+    "speed_ratio",
+    "memory_ratio",
+    "dauc_mean",
+    "dauc_lo",
+    "dauc_hi",
+    "verdict",
+    "more_pairs",
+    "margin",
+]
 DERIVED = {"effective_batch_size": ["batch_size", "accumulate", "world_size"]}  # a param: the params it follows
 
 
@@ -36,9 +49,16 @@ def swept_columns(params: pd.DataFrame) -> list[str]:
     and ``effective_batch_size`` when ``batch_size``, ``accumulate`` and ``world_size`` determine it.
     """
     varying = [c for c in params.columns if not c.startswith(NOT_HASHED) and params[c].nunique(dropna=False) > 1]
-    kept = [c for c in varying
-            if not (c.count(".") and f"{c.split('.')[0]}.name" in varying and not c.endswith(".name")
-                    and determined(params, c, [f"{c.split('.')[0]}.name"]))]
+    kept = [
+        c
+        for c in varying
+        if not (
+            c.count(".")
+            and f"{c.split('.')[0]}.name" in varying
+            and not c.endswith(".name")
+            and determined(params, c, [f"{c.split('.')[0]}.name"])
+        )
+    ]
     return [c for c in kept if not determined(params, c, [k for k in DERIVED.get(c, []) if k in params])]
 
 
@@ -83,8 +103,9 @@ def pareto_front(throughput: np.ndarray, memory: np.ndarray, auc: np.ndarray) ->
     """Mask of the points no other point dominates: none is at least as fast, as small and as accurate, and
     strictly better in one of the three. A NaN AUC counts as the worst."""
     auc = np.asarray(auc, float)
-    better = np.column_stack([np.asarray(throughput, float), -np.asarray(memory, float),
-                              np.where(np.isnan(auc), -np.inf, auc)])  # higher is better in each column
+    better = np.column_stack(
+        [np.asarray(throughput, float), -np.asarray(memory, float), np.where(np.isnan(auc), -np.inf, auc)]
+    )  # higher is better in each column
     mine, theirs = better[:, None, :], better[None, :, :]
     dominates = (theirs >= mine).all(axis=2) & (theirs > mine).any(axis=2)  # [i, j]: j dominates i
     return ~dominates.any(axis=1)
@@ -101,13 +122,22 @@ def pairs(runs: pd.DataFrame, swept: list[str], param: str) -> pd.DataFrame:
     base = runs[runs[param] == values[0]]
     found = []
     for value in values[1:]:
-        joined = (runs[runs[param] == value].merge(base, on=others, suffixes=("", " base")) if others
-                  else runs[runs[param] == value].merge(base, how="cross", suffixes=("", " base")))
-        found.append(pd.DataFrame({
-            "value": value, "baseline": values[0],
-            "speed_ratio": joined[THROUGHPUT] / joined[f"{THROUGHPUT} base"],
-            "memory_ratio": joined[MEMORY] / joined[f"{MEMORY} base"],
-            "dauc": joined[AUC] - joined[f"{AUC} base"]}))
+        joined = (
+            runs[runs[param] == value].merge(base, on=others, suffixes=("", " base"))
+            if others
+            else runs[runs[param] == value].merge(base, how="cross", suffixes=("", " base"))
+        )
+        found.append(
+            pd.DataFrame(
+                {
+                    "value": value,
+                    "baseline": values[0],
+                    "speed_ratio": joined[THROUGHPUT] / joined[f"{THROUGHPUT} base"],
+                    "memory_ratio": joined[MEMORY] / joined[f"{MEMORY} base"],
+                    "dauc": joined[AUC] - joined[f"{AUC} base"],
+                }
+            )
+        )
     return pd.concat(found, ignore_index=True)
 
 
@@ -116,8 +146,9 @@ def paired_effects(runs: pd.DataFrame, swept: list[str]) -> pd.DataFrame:
 
     Seeds pair with their own seed, so a 2-seed sweep gives two pairs per comparison.
     """
-    found = [pairs(runs, swept, param).assign(param=param) for param in swept
-             if param != SEED and runs[param].nunique() > 1]
+    found = [
+        pairs(runs, swept, param).assign(param=param) for param in swept if param != SEED and runs[param].nunique() > 1
+    ]
     columns = ["param", "value", "baseline", "speed_ratio", "memory_ratio", "dauc"]
     return pd.concat(found, ignore_index=True)[columns] if found else pd.DataFrame(columns=columns)
 
@@ -125,10 +156,19 @@ def paired_effects(runs: pd.DataFrame, swept: list[str]) -> pd.DataFrame:
 def summarize_effects(found: pd.DataFrame, margin: float) -> pd.DataFrame:
     """One row per comparison, :data:`EFFECT_COLUMNS`: ``pairs``, geometric means of the ratios and the test-AUC
     difference judged against ``margin`` (:func:`auc_interval`)."""
-    rows = [{"param": param, "value": value, "baseline": baseline, "pairs": len(group),
-             "speed_ratio": geometric_mean(group["speed_ratio"]), "memory_ratio": geometric_mean(group["memory_ratio"]),
-             **auc_interval(group["dauc"], margin), "margin": margin}
-            for (param, value, baseline), group in found.groupby(["param", "value", "baseline"], sort=False)]
+    rows = [
+        {
+            "param": param,
+            "value": value,
+            "baseline": baseline,
+            "pairs": len(group),
+            "speed_ratio": geometric_mean(group["speed_ratio"]),
+            "memory_ratio": geometric_mean(group["memory_ratio"]),
+            **auc_interval(group["dauc"], margin),
+            "margin": margin,
+        }
+        for (param, value, baseline), group in found.groupby(["param", "value", "baseline"], sort=False)
+    ]
     return pd.DataFrame(rows, columns=EFFECT_COLUMNS).astype({"pairs": int, "more_pairs": "Int64"})
 
 
@@ -146,8 +186,13 @@ def auc_interval(differences: pd.Series, margin: float) -> dict:
     sd = d.std(ddof=1) if n > 1 else np.nan
     half = stats.t.ppf(0.975, n - 1) * sd / np.sqrt(n)
     found = verdict(mean - half, mean + half, margin)
-    return {"dauc_mean": mean, "dauc_lo": mean - half, "dauc_hi": mean + half, "verdict": found,
-            "more_pairs": more_pairs(n, mean, sd, margin) if found == INCONCLUSIVE else None}
+    return {
+        "dauc_mean": mean,
+        "dauc_lo": mean - half,
+        "dauc_hi": mean + half,
+        "verdict": found,
+        "more_pairs": more_pairs(n, mean, sd, margin) if found == INCONCLUSIVE else None,
+    }
 
 
 def more_pairs(n: int, mean: float, sd: float, margin: float) -> int | None:

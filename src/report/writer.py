@@ -13,42 +13,54 @@ Per run: ``test/*``, ``mem/peak_mb`` (the run's peak) and ``mem/predicted_mb`` a
 the mean over epochs. Configurations are the swept params but ``seed``: mean +- std over their seeds. Each swept
 switch's test-AUC difference over paired runs is judged against ``margin`` (``no loss``, ``loss``, ``inconclusive``).
 """
+
 from __future__ import annotations
 
 import base64
 import html
 import logging
-import sys
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-import hydra
 import mlflow
 import numpy as np
 import pandas as pd
 from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
-from omegaconf import DictConfig, OmegaConf
 
-from src import report_plots
-from src.config import ReportConfig, register
+from src.config import ReportConfig
 from src.errors import UsageError
-from src.sweep_analysis import (AUC, MEMORY, SEED, THROUGHPUT, aggregate, comparison, paired_effects, pareto_front,
-                                shown, summarize_effects, swept_columns, verdict_text)
-from src.tracking import PARENT_ID_FILE, ensure_store, read_parent_id, store_exists, tracking_uri
+from src.report import plots
+from src.report.analysis import (
+    AUC,
+    MEMORY,
+    SEED,
+    THROUGHPUT,
+    aggregate,
+    comparison,
+    paired_effects,
+    pareto_front,
+    shown,
+    summarize_effects,
+    swept_columns,
+    verdict_text,
+)
+from src.tracking.store import ensure_store, store_exists, tracking_uri
+from src.tracking.sweep import PARENT_ID_FILE, read_parent_id
 
 log = logging.getLogger(__name__)
-register()
 
 METRICS = ["test/acc", AUC, "val/acc", "val/auc", THROUGHPUT, MEMORY, "mem/predicted_mb"]
 BEST_EPOCH = ("val/auc", "val/acc")  # read at the epoch with the best val/auc
 MEAN_OVER_EPOCHS = (THROUGHPUT,)
 FILES = ("report.md", "report.html", "runs.csv", "effects.csv", "throughput_memory.png", "paired_effects.png")
-DEFINITIONS = ("`val/acc`, `val/auc`: at the epoch with the best `val/auc` (the weights tested); "
-               "`perf/samples_per_s`: mean over epochs; `mem/peak_mb`: the run's peak; "
-               "`test/*`, `mem/predicted_mb`: as logged.")
+DEFINITIONS = (
+    "`val/acc`, `val/auc`: at the epoch with the best `val/auc` (the weights tested); "
+    "`perf/samples_per_s`: mean over epochs; `mem/peak_mb`: the run's peak; "
+    "`test/*`, `mem/predicted_mb`: as logged."
+)
 
 
 @dataclass(frozen=True)
@@ -83,8 +95,9 @@ def parent_run(client: mlflow.MlflowClient, run_id: str, selector: str, uri: str
     try:
         return client.get_run(run_id)
     except MlflowException:
-        raise UsageError(f"{selector}: run {run_id} is not in {uri}: set mlflow.tracking_uri to the store "
-                         f"the sweep logged to") from None
+        raise UsageError(
+            f"{selector}: run {run_id} is not in {uri}: set mlflow.tracking_uri to the store the sweep logged to"
+        ) from None
 
 
 def select(cfg: ReportConfig, client: mlflow.MlflowClient, uri: str) -> Selection:
@@ -103,21 +116,24 @@ def select(cfg: ReportConfig, client: mlflow.MlflowClient, uri: str) -> Selectio
             raise UsageError(f"{selector}: no such folder: give a sweep folder (sweeps/<date>/<time>)")
         run_id = read_parent_id(folder)
         if run_id is None:
-            raise UsageError(f"{selector} has no {PARENT_ID_FILE} file: give the folder of a "
-                             f"python -m src.train -m sweep, or parent=<run id>")
+            raise UsageError(
+                f"{selector} has no {PARENT_ID_FILE} file: give the folder of a "
+                f"python -m src.train -m sweep, or parent=<run id>"
+            )
         parent = parent_run(client, run_id, selector, uri)
         out = folder / "report"
     else:
         parent = parent_run(client, cfg.parent, selector, uri)
         sweep_dir = Path(parent.data.tags.get("sweep_dir", "/nonexistent"))
         out = sweep_dir / "report" if sweep_dir.is_dir() else Path("reports") / parent.info.run_id
-    children = search_all(client, parent.info.experiment_id,
-                          f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{parent.info.run_id}'")
+    children = search_all(client, parent.info.experiment_id, f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{parent.info.run_id}'")
     if not children:
-        raise UsageError(f"{selector}: run "
-                         f"{parent.info.run_id} has no child runs: give a sweep's parent run (tag role=sweep)")
-    return Selection(f"sweep {parent.data.tags.get('sweep_dir', parent.info.run_id)}", children,
-                     parent.info.run_id, out)
+        raise UsageError(
+            f"{selector}: run {parent.info.run_id} has no child runs: give a sweep's parent run (tag role=sweep)"
+        )
+    return Selection(
+        f"sweep {parent.data.tags.get('sweep_dir', parent.info.run_id)}", children, parent.info.run_id, out
+    )
 
 
 def status(run: Run) -> str:
@@ -133,8 +149,10 @@ def run_metrics(client: mlflow.MlflowClient, run: Run) -> dict[str, float]:
     metrics = {key: run.data.metrics.get(key, float("nan")) for key in METRICS}
     if run.info.status != "FINISHED":
         return metrics
-    history = {key: {m.step: m.value for m in client.get_metric_history(run.info.run_id, key)}
-               for key in (*BEST_EPOCH, *MEAN_OVER_EPOCHS)}
+    history = {
+        key: {m.step: m.value for m in client.get_metric_history(run.info.run_id, key)}
+        for key in (*BEST_EPOCH, *MEAN_OVER_EPOCHS)
+    }
     auc = history[BEST_EPOCH[0]]
     if auc:
         best = min(auc, key=lambda step: (-auc[step], step))  # the first best epoch, as fit keeps it
@@ -159,8 +177,9 @@ def number(metric: str, value: float, like: float | None = None) -> str:
     if pd.isna(value):
         return "-"
     size = abs(value if like is None else like)
-    decimals = 3 if metric.endswith(("acc", "auc")) else 0 if metric.endswith("_mb") or size >= 100 else \
-        1 if size >= 10 else 2
+    decimals = (
+        3 if metric.endswith(("acc", "auc")) else 0 if metric.endswith("_mb") or size >= 100 else 1 if size >= 10 else 2
+    )
     return f"{value:.{decimals}f}"
 
 
@@ -173,9 +192,10 @@ def configurations_table(table: pd.DataFrame, keys: list[str], front) -> pd.Data
     shown_table = shown_params(table, keys)
     shown_table["n"] = table["n"]
     for metric in METRICS:
-        shown_table[metric] = [number(metric, mean)
-                               + (f" ± {number(metric, std, mean)}" if n > 1 and not pd.isna(std) else "")
-                               for mean, std, n in zip(table[metric], table[f"{metric} std"], table["n"])]
+        shown_table[metric] = [
+            number(metric, mean) + (f" ± {number(metric, std, mean)}" if n > 1 and not pd.isna(std) else "")
+            for mean, std, n in zip(table[metric], table[f"{metric} std"], table["n"])
+        ]
     shown_table["Pareto"] = ["yes" if on else "" for on in front]
     return shown_table
 
@@ -186,14 +206,18 @@ def signed(difference: float) -> str:
 
 
 def effects_table(summary: pd.DataFrame) -> pd.DataFrame:
-    return pd.DataFrame({
-        "comparison": [comparison(*row) for row in summary[["param", "value", "baseline"]].itertuples(index=False)],
-        "pairs": summary["pairs"],
-        "samples/s": [f"×{r:.2f}" if np.isfinite(r) else "-" for r in summary["speed_ratio"]],
-        "peak memory": [f"{(r - 1) * 100:+.0f}%" if np.isfinite(r) else "-" for r in summary["memory_ratio"]],
-        "test AUC [95% CI]": [f"{signed(e.dauc_mean)} [{signed(e.dauc_lo)}, {signed(e.dauc_hi)}]"
-                              for e in summary.itertuples()],
-        "verdict": [verdict_text(e) for e in summary.itertuples()]})
+    return pd.DataFrame(
+        {
+            "comparison": [comparison(*row) for row in summary[["param", "value", "baseline"]].itertuples(index=False)],
+            "pairs": summary["pairs"],
+            "samples/s": [f"×{r:.2f}" if np.isfinite(r) else "-" for r in summary["speed_ratio"]],
+            "peak memory": [f"{(r - 1) * 100:+.0f}%" if np.isfinite(r) else "-" for r in summary["memory_ratio"]],
+            "test AUC [95% CI]": [
+                f"{signed(e.dauc_mean)} [{signed(e.dauc_lo)}, {signed(e.dauc_hi)}]" for e in summary.itertuples()
+            ],
+            "verdict": [verdict_text(e) for e in summary.itertuples()],
+        }
+    )
 
 
 def runs_table(frame: pd.DataFrame, keys: list[str], metrics: list[str]) -> pd.DataFrame:
@@ -207,8 +231,9 @@ def markdown_table(table: pd.DataFrame) -> str:
     def row(cells) -> str:
         return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
 
-    return "\n".join([row(table.columns), row(["---"] * len(table.columns)),
-                      *(row(r) for r in table.itertuples(index=False))])
+    return "\n".join(
+        [row(table.columns), row(["---"] * len(table.columns)), *(row(r) for r in table.itertuples(index=False))]
+    )
 
 
 def render_markdown(title: str, sections: list[Section]) -> str:
@@ -230,11 +255,15 @@ def render_html(title: str, sections: list[Section], folder: Path) -> str:
         if s.image:
             data = base64.b64encode((folder / s.image).read_bytes()).decode()
             body.append(f'<img alt="{html.escape(s.title)}" src="data:image/png;base64,{data}" style="max-width:100%">')
-    style = ("body{font-family:sans-serif;margin:2em;max-width:1400px} table{border-collapse:collapse;margin:1em 0}"
-             "th,td{padding:3px 8px;border-bottom:1px solid #ddd;text-align:right;white-space:nowrap}"
-             "th{background:#f3f3f3}")
-    return (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+    style = (
+        "body{font-family:sans-serif;margin:2em;max-width:1400px} table{border-collapse:collapse;margin:1em 0}"
+        "th,td{padding:3px 8px;border-bottom:1px solid #ddd;text-align:right;white-space:nowrap}"
+        "th{background:#f3f3f3}"
+    )
+    return (
+        f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )
 
 
 def write_report(frame: pd.DataFrame, selection: Selection, uri: str, out: Path, margin: float) -> list[Path]:
@@ -251,35 +280,54 @@ def write_report(frame: pd.DataFrame, selection: Selection, uri: str, out: Path,
     summary = summarize_effects(found, margin)
     out.mkdir(parents=True, exist_ok=True)
     title = f"Report: {selection.label}"
-    report_plots.throughput_memory(table, keys, front, f"Throughput vs peak memory: {selection.label}",
-                                   out / "throughput_memory.png")
+    plots.throughput_memory(
+        table, keys, front, f"Throughput vs peak memory: {selection.label}", out / "throughput_memory.png"
+    )
     seeds = f"mean ± std over seeds (n runs); {DEFINITIONS}" if SEED in swept else DEFINITIONS
     sections = [
-        Section("", f"Finished runs: {len(finished)}, not finished: {len(others)}, of {selection.label} in {uri}"
-                    f"{f' (parent run {selection.parent_id})' if selection.parent_id else ''}; swept: "
-                    f"{', '.join(f'`{k}`' for k in swept) or 'nothing'}; written {datetime.now():%Y-%m-%d %H:%M}."),
-        Section("Configurations", f"{seeds} Pareto: no other configuration is at least as fast (samples/s), as "
-                                  f"small (peak memory) and as accurate (test AUC; a missing one counts as worst), "
-                                  f"and better in one of the three.",
-                configurations_table(table, keys, front), "throughput_memory.png")]
+        Section(
+            "",
+            f"Finished runs: {len(finished)}, not finished: {len(others)}, of {selection.label} in {uri}"
+            f"{f' (parent run {selection.parent_id})' if selection.parent_id else ''}; swept: "
+            f"{', '.join(f'`{k}`' for k in swept) or 'nothing'}; written {datetime.now():%Y-%m-%d %H:%M}.",
+        ),
+        Section(
+            "Configurations",
+            f"{seeds} Pareto: no other configuration is at least as fast (samples/s), as "
+            f"small (peak memory) and as accurate (test AUC; a missing one counts as worst), "
+            f"and better in one of the three.",
+            configurations_table(table, keys, front),
+            "throughput_memory.png",
+        ),
+    ]
     if summary.empty:
         (out / "paired_effects.png").unlink(missing_ok=True)  # an earlier report's
         sections.append(Section("Paired effects", "No two finished runs differ in only one swept parameter."))
     else:
-        report_plots.paired_effects(found, summary, margin, f"Paired effects: {selection.label}",
-                                    out / "paired_effects.png")
-        sections.append(Section(
-            "Paired effects",
-            "Each switch against its baseline value, over the pairs of finished runs equal in every other swept "
-            "parameter (seed included; each new seed adds one pair per combination of the others): samples/s and "
-            "peak memory as geometric-mean ratios, test AUC as the mean difference with its 95% Student-t interval. "
-            f"Verdict against a margin of {margin:g} AUC (config key `margin`): `no loss` when the whole interval "
-            f"lies above -{margin:g}, `loss` when it lies below, else `inconclusive`, with the pairs that would "
-            "likely settle it if mean and spread held.", effects_table(summary), "paired_effects.png"))
+        plots.paired_effects(found, summary, margin, f"Paired effects: {selection.label}", out / "paired_effects.png")
+        sections.append(
+            Section(
+                "Paired effects",
+                "Each switch against its baseline value, over the pairs of finished runs equal in every other swept "
+                "parameter (seed included; each new seed adds one pair per combination of the others): samples/s and "
+                "peak memory as geometric-mean ratios, test AUC as the mean difference with its 95% Student-t "
+                "interval. "
+                f"Verdict against a margin of {margin:g} AUC (config key `margin`): `no loss` when the whole interval "
+                f"lies above -{margin:g}, `loss` when it lies below, else `inconclusive`, with the pairs that would "
+                "likely settle it if mean and spread held.",
+                effects_table(summary),
+                "paired_effects.png",
+            )
+        )
     sections.append(Section("Finished runs", DEFINITIONS, runs_table(finished, swept, METRICS)))
     if len(others):
-        sections.append(Section("Not finished", "Failed, killed or still running; memory as far as logged.",
-                                runs_table(others, swept, [MEMORY, "mem/predicted_mb"])))
+        sections.append(
+            Section(
+                "Not finished",
+                "Failed, killed or still running; memory as far as logged.",
+                runs_table(others, swept, [MEMORY, "mem/predicted_mb"]),
+            )
+        )
     frame.to_csv(out / "runs.csv", index=False)
     summary.to_csv(out / "effects.csv", index=False)
     (out / "report.md").write_text(render_markdown(title, sections))
@@ -289,11 +337,16 @@ def write_report(frame: pd.DataFrame, selection: Selection, uri: str, out: Path,
 
 def report(cfg: ReportConfig) -> Path:
     """Select, tabulate, plot, write and log; returns the output folder."""
-    chosen = [f"{k}={v}" for k, v in (("sweep", cfg.sweep), ("parent", cfg.parent),
-                                       ("mlflow.experiment", cfg.mlflow.experiment)) if v is not None]
+    chosen = [
+        f"{k}={v}"
+        for k, v in (("sweep", cfg.sweep), ("parent", cfg.parent), ("mlflow.experiment", cfg.mlflow.experiment))
+        if v is not None
+    ]
     if len(chosen) != 1:
-        raise UsageError(f"{' and '.join(chosen) or 'no selector'}: give exactly one of sweep=<folder>, "
-                         f"parent=<run id> or mlflow.experiment=<name>")
+        raise UsageError(
+            f"{' and '.join(chosen) or 'no selector'}: give exactly one of sweep=<folder>, "
+            f"parent=<run id> or mlflow.experiment=<name>"
+        )
     uri = tracking_uri(cfg)
     if not store_exists(uri):
         raise UsageError(f"mlflow.tracking_uri={uri}: no such store: set it to the store the runs logged to")
@@ -301,8 +354,10 @@ def report(cfg: ReportConfig) -> Path:
     selection = select(cfg, client, uri)
     frame = run_frame(client, selection.runs)
     if not (frame["status"] == "FINISHED").any():
-        raise UsageError(f"{selection.label} has no FINISHED run ({', '.join(sorted(set(frame['status'])))}): "
-                         f"nothing to compare; wait for the sweep or rerun its jobs")
+        raise UsageError(
+            f"{selection.label} has no FINISHED run ({', '.join(sorted(set(frame['status'])))}): "
+            f"nothing to compare; wait for the sweep or rerun its jobs"
+        )
     out = Path(cfg.out).expanduser() if cfg.out else selection.out
     files = write_report(frame, selection, uri, out, cfg.margin)
     log.info("report of %d runs (%s): %s", len(frame), selection.label, ", ".join(str(f) for f in files))
@@ -311,19 +366,7 @@ def report(cfg: ReportConfig) -> Path:
             client.log_artifact(selection.parent_id, str(path), "report")
         log.info("logged to parent run %s under report/ in %s", selection.parent_id, uri)
     else:
-        log.info("mlflow.experiment=%s selects no parent run: the report is not logged to MLflow",
-                 cfg.mlflow.experiment)
+        log.info(
+            "mlflow.experiment=%s selects no parent run: the report is not logged to MLflow", cfg.mlflow.experiment
+        )
     return out
-
-
-@hydra.main(config_path=str(Path(__file__).resolve().parent.parent / "conf"), config_name="report", version_base="1.3")
-def main(dict_cfg: DictConfig) -> None:
-    try:
-        report(OmegaConf.to_object(dict_cfg))
-    except UsageError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
-
-
-if __name__ == "__main__":
-    main()

@@ -4,6 +4,7 @@ A resumed run keeps the config it was checkpointed with (stored in the checkpoin
 the command line may change only keys that do not change results (``mlflow.*``, ``data.root``, ...:
 ``src.tracking.NOT_HASHED``); ``epochs`` too is refused, since it sets the LR schedule.
 """
+
 from __future__ import annotations
 
 import logging
@@ -15,11 +16,12 @@ import mlflow
 from mlflow.exceptions import MlflowException
 from omegaconf import DictConfig, OmegaConf
 
-from src import checkpoint
 from src.config import Config
 from src.errors import UsageError
-from src.rerun import changed_keys
-from src.tracking import NOT_HASHED, RunLogger, flatten
+from src.jobs.rerun import changed_keys, with_command_line
+from src.tracking.identity import NOT_HASHED, flatten
+from src.tracking.runs import RunLogger
+from src.training import checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -42,15 +44,25 @@ class Resume:
 
     @classmethod
     def from_state(cls, state: dict[str, Any], folder: Path) -> "Resume":
-        return cls(state["run_id"], folder, state["epoch"], state["step"], state["batch_size"], state["accumulate"],
-                   state["world"])
+        return cls(
+            state["run_id"],
+            folder,
+            state["epoch"],
+            state["step"],
+            state["batch_size"],
+            state["accumulate"],
+            state["world"],
+        )
 
 
 def result_changes(stored: DictConfig, cfg: DictConfig) -> list[str]:
     """``key=stored->new`` for every key that changes results (not ``NOT_HASHED``) and differs."""
     old, new = flatten(stored), flatten(cfg)
-    return [f"{key}={old.get(key)}->{new.get(key)}" for key in sorted(old.keys() | new.keys())
-            if not key.startswith(NOT_HASHED) and old.get(key) != new.get(key)]
+    return [
+        f"{key}={old.get(key)}->{new.get(key)}"
+        for key in sorted(old.keys() | new.keys())
+        if not key.startswith(NOT_HASHED) and old.get(key) != new.get(key)
+    ]
 
 
 def stored_config(state: dict[str, Any]) -> DictConfig:
@@ -68,9 +80,11 @@ def checkpoint_folder(value: str, client: mlflow.MlflowClient) -> Path:
     except MlflowException:
         folder = None
     if folder is None:
-        raise UsageError(f"resume={value} is neither a folder nor a run id in {client.tracking_uri}: give the run's "
-                         f"output folder (it holds {checkpoint.FILE}) or its run id (and the mlflow.tracking_uri "
-                         f"it logged to)")
+        raise UsageError(
+            f"resume={value} is neither a folder nor a run id in {client.tracking_uri}: give the run's "
+            f"output folder (it holds {checkpoint.FILE}) or its run id (and the mlflow.tracking_uri "
+            f"it logged to)"
+        )
     return Path(folder)
 
 
@@ -78,28 +92,36 @@ def explicit(cfg: DictConfig, overrides: list[str], client: mlflow.MlflowClient)
     """``resume=<value>``: the checkpointed run, and its config with the command line's non-result keys."""
     value = str(cfg.resume)
     if cfg.get("rerun"):
-        raise UsageError(f"resume={value} and rerun={cfg.rerun} cannot be combined: resume continues a run, "
-                         f"rerun trains a finished run's config again: drop one")
+        raise UsageError(
+            f"resume={value} and rerun={cfg.rerun} cannot be combined: resume continues a run, "
+            f"rerun trains a finished run's config again: drop one"
+        )
     folder = checkpoint_folder(value, client)
     if not (folder / checkpoint.FILE).is_file():
-        raise UsageError(f"resume={value}: no {checkpoint.FILE} in {folder} (the run stopped before its first "
-                         f"epoch ended, or is not a medsweep run folder): start the run again without resume")
+        raise UsageError(
+            f"resume={value}: no {checkpoint.FILE} in {folder} (the run stopped before its first "
+            f"epoch ended, or is not a medsweep run folder): start the run again without resume"
+        )
     state = checkpoint.load(folder / checkpoint.FILE, mmap=True)
     status = run_status(client, state["run_id"])
     if status is None:
-        raise UsageError(f"resume={value}: run {state['run_id']} of {folder / checkpoint.FILE} is not in "
-                         f"{client.tracking_uri}: set mlflow.tracking_uri to the store it logged to")
+        raise UsageError(
+            f"resume={value}: run {state['run_id']} of {folder / checkpoint.FILE} is not in "
+            f"{client.tracking_uri}: set mlflow.tracking_uri to the store it logged to"
+        )
     if status == "FINISHED":
-        raise UsageError(f"resume={value}: run {state['run_id']} is already FINISHED, there is nothing to resume: "
-                         f"rerun={state['run_id']} trains its config again")
-    stored, rebuilt = stored_config(state), stored_config(state)
-    for key in changed_keys(overrides):
-        OmegaConf.update(rebuilt, key, OmegaConf.select(cfg, key), merge=False)
+        raise UsageError(
+            f"resume={value}: run {state['run_id']} is already FINISHED, there is nothing to resume: "
+            f"rerun={state['run_id']} trains its config again"
+        )
+    stored, rebuilt = stored_config(state), with_command_line(stored_config(state), cfg, changed_keys(overrides))
     changes = result_changes(stored, rebuilt)
     if changes:
-        raise UsageError(f"resume={value} would change {', '.join(changes)}: a resumed run keeps the config it was "
-                         f"checkpointed with (epochs too: it sets the LR schedule): drop these overrides, or start "
-                         f"a new run")
+        raise UsageError(
+            f"resume={value} would change {', '.join(changes)}: a resumed run keeps the config it was "
+            f"checkpointed with (epochs too: it sets the LR schedule): drop these overrides, or start "
+            f"a new run"
+        )
     return rebuilt, Resume.from_state(state, folder)
 
 
@@ -113,13 +135,21 @@ def requeued(cfg: DictConfig, output_dir: Path, client: mlflow.MlflowClient) -> 
     status = run_status(client, state["run_id"])
     changes = result_changes(stored_config(state), cfg)
     if status in (None, "FINISHED") or changes:
-        why = f"run {state['run_id']} is {status or 'not in this store'}" if not changes else \
-            f"it was trained with {', '.join(changes[:3])}"
+        why = (
+            f"run {state['run_id']} is {status or 'not in this store'}"
+            if not changes
+            else f"it was trained with {', '.join(changes[:3])}"
+        )
         log.warning("%s holds a checkpoint this job does not resume (%s): a new run starts and replaces it", path, why)
         return None
     resume = Resume.from_state(state, output_dir)
-    log.info("resuming run %s from %s (epoch %d step %d): this job's folder holds its checkpoint (requeued job)",
-             resume.run_id, path, resume.epoch + 1, resume.step)
+    log.info(
+        "resuming run %s from %s (epoch %d step %d): this job's folder holds its checkpoint (requeued job)",
+        resume.run_id,
+        path,
+        resume.epoch + 1,
+        resume.step,
+    )
     return resume
 
 
@@ -135,8 +165,9 @@ def reopen(client: mlflow.MlflowClient, resume: Resume) -> RunLogger:
     run = RunLogger(client, resume.run_id)
     resumes = int(client.get_run(resume.run_id).data.tags.get("resumes", "0")) + 1
     client.update_run(resume.run_id, status="RUNNING")
-    run.set_tags({"preempted": "false", "resumes": str(resumes),
-                  "resumed_at": f"epoch {resume.epoch + 1} step {resume.step}"})
+    run.set_tags(
+        {"preempted": "false", "resumes": str(resumes), "resumed_at": f"epoch {resume.epoch + 1} step {resume.step}"}
+    )
     return run
 
 
@@ -144,7 +175,10 @@ def log_missing(run: RunLogger, metrics: dict[str, float], step: int) -> None:
     """Log the values of ``metrics`` the run lacks at ``step``: a run stopped between writing a checkpoint and
     logging what it holds gets them once, never twice."""
     client = run.client
-    missing = {key: value for key, value in metrics.items()
-               if all(m.step != step for m in client.get_metric_history(run.run_id, key))}
+    missing = {
+        key: value
+        for key, value in metrics.items()
+        if all(m.step != step for m in client.get_metric_history(run.run_id, key))
+    }
     if missing:
         run.log_metrics(missing, step)

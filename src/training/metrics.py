@@ -1,5 +1,7 @@
-"""Metrics a clinician reads (balanced accuracy, calibration, sensitivity/specificity, per-class AUC) and the
-test split's confusion matrix and per-sample predictions, all from scikit-learn on MedMNIST's predicted class."""
+"""Evaluation metrics: the MedMNIST protocol's ACC and AUC (medmnist's own functions); the metrics a clinician
+reads (balanced accuracy, calibration, sensitivity/specificity, per-class AUC) from scikit-learn on MedMNIST's
+predicted class; the test split's confusion matrix and per-sample predictions."""
+
 from __future__ import annotations
 
 import math
@@ -9,12 +11,25 @@ from pathlib import Path
 import medmnist
 import numpy as np
 import pandas as pd
+from medmnist.evaluator import getACC, getAUC
 from sklearn.calibration import calibration_curve
 from sklearn.metrics import ConfusionMatrixDisplay, balanced_accuracy_score, recall_score, roc_auc_score
 
 BINARY = "binary-class"
 ECE_BINS = 15
 DPI = 120
+
+
+def medmnist_metrics(labels: np.ndarray, scores: np.ndarray, task: str) -> dict[str, float]:
+    """ACC and AUC exactly as ``medmnist.Evaluator`` computes them (its own functions).
+
+    AUC is NaN where it is undefined: a (truncated) split missing a class.
+    """
+    try:
+        auc = getAUC(labels, scores, task)
+    except ValueError:  # roc_auc_score: only one class present
+        auc = math.nan
+    return {"acc": float(getACC(labels, scores, task)), "auc": float(auc)}
 
 
 def predicted(scores: np.ndarray, task: str) -> np.ndarray:
@@ -46,8 +61,10 @@ def clinical_metrics(labels: np.ndarray, scores: np.ndarray, task: str) -> dict[
     pred = predicted(scores, task)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="y_pred contains classes not in y_true")
-        metrics = {"balanced_acc": float(balanced_accuracy_score(labels, pred)),
-                   "ece": expected_calibration_error(labels, scores, task)}
+        metrics = {
+            "balanced_acc": float(balanced_accuracy_score(labels, pred)),
+            "ece": expected_calibration_error(labels, scores, task),
+        }
     if task == BINARY:
         for name, positive in (("sensitivity", 1), ("specificity", 0)):
             metrics[name] = float(recall_score(labels, pred, pos_label=positive, zero_division=np.nan))
@@ -62,8 +79,9 @@ def class_names(flag: str, num_classes: int) -> list[str]:
     return [names[str(k)] for k in range(num_classes)] if names else [str(k) for k in range(num_classes)]
 
 
-def write_eval_artifacts(labels: np.ndarray, scores: np.ndarray, task: str, class_names: list[str],
-                         folder: Path) -> list[Path]:
+def write_eval_artifacts(
+    labels: np.ndarray, scores: np.ndarray, task: str, class_names: list[str], folder: Path
+) -> list[Path]:
     """Write ``confusion_matrix.png`` and ``test_predictions.csv`` (index, label, score_k) to ``folder``."""
     import matplotlib
 
@@ -75,14 +93,22 @@ def write_eval_artifacts(labels: np.ndarray, scores: np.ndarray, task: str, clas
     k = scores.shape[1]
     side = 3.5 + 0.55 * k
     fig, ax = plt.subplots(figsize=(side + 1, side))
-    ConfusionMatrixDisplay.from_predictions(labels, predicted(scores, task), labels=range(k),
-                                            display_labels=class_names, cmap="Blues", values_format="d", ax=ax)
+    ConfusionMatrixDisplay.from_predictions(
+        labels,
+        predicted(scores, task),
+        labels=range(k),
+        display_labels=class_names,
+        cmap="Blues",
+        values_format="d",
+        ax=ax,
+    )
     plt.setp(ax.get_xticklabels(), rotation=35, ha="right", rotation_mode="anchor")
     ax.set_title(f"Confusion matrix, test split (n={len(labels)})")
     fig.tight_layout()
     fig.savefig(figure_path, dpi=DPI)
     plt.close(fig)
-    table = pd.DataFrame({"index": np.arange(len(labels)), "label": labels,
-                          **{f"score_{j}": scores[:, j] for j in range(k)}})
+    table = pd.DataFrame(
+        {"index": np.arange(len(labels)), "label": labels, **{f"score_{j}": scores[:, j] for j in range(k)}}
+    )
     table.to_csv(csv_path, index=False, float_format="%.9g")  # 9 digits: float32 scores round-trip exactly
     return [figure_path, csv_path]

@@ -5,6 +5,7 @@ so it can run inside a CUDA training loop. :func:`step_generator` seeds that gen
 rank): the augmentation of every micro-step is a pure function of those numbers, so seeded reruns and resumed
 runs see the same batches with no RNG state to save.
 """
+
 from __future__ import annotations
 
 import functools
@@ -154,8 +155,13 @@ def affine_grid(theta: torch.Tensor, shape: torch.Size) -> torch.Tensor:
 def resample(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     """``x`` sampled (trilinear, align_corners=False) on :func:`affine_grid`; outside is :data:`BACKGROUND`."""
     grid = affine_grid(theta.to(x.dtype), x.shape)
-    sampled = F.grid_sample(x - BACKGROUND, grid, mode="bilinear",  # trilinear on 5D
-                            padding_mode="zeros", align_corners=False)
+    sampled = F.grid_sample(
+        x - BACKGROUND,
+        grid,
+        mode="bilinear",  # trilinear on 5D
+        padding_mode="zeros",
+        align_corners=False,
+    )
     return sampled + BACKGROUND
 
 
@@ -181,8 +187,9 @@ class Augment:
         if images.ndim != 5:
             raise ValueError(f"augment expects a batch (N, C, D, H, W), got shape {tuple(images.shape)}")
         if self.cfg.rot90 and len(set(images.shape[2:])) != 1:
-            raise ValueError(f"aug.rot90 needs cubic volumes, got {tuple(images.shape[2:])} (D, H, W): "
-                             "set aug.rot90=false")
+            raise ValueError(
+                f"aug.rot90 needs cubic volumes, got {tuple(images.shape[2:])} (D, H, W): set aug.rot90=false"
+            )
         with torch.autocast(images.device.type, enabled=False):
             out = self._augment(images, generator)
         return out if out.stride() == images.stride() else torch.empty_like(images).copy_(out)
@@ -192,11 +199,13 @@ class Augment:
         u = torch.rand((x.shape[0], DRAWS), generator=generator, device=x.device)
         signed = u * 2 - 1
         if cfg.flip or cfg.rot90:
-            x = permute_voxels(x, (u[:, TURN] * 64).long() if cfg.rot90 else None,
-                               u[:, FLIP:TURN] < 0.5 if cfg.flip else None)
+            x = permute_voxels(
+                x, (u[:, TURN] * 64).long() if cfg.rot90 else None, u[:, FLIP:TURN] < 0.5 if cfg.flip else None
+            )
         if cfg.affine:
-            theta = affine_matrices(signed[:, AFFINE:CONTRAST], cfg.affine_degrees, cfg.affine_scale,
-                                    cfg.affine_translate)
+            theta = affine_matrices(
+                signed[:, AFFINE:CONTRAST], cfg.affine_degrees, cfg.affine_scale, cfg.affine_translate
+            )
             moved = resample(x, theta)
             x = moved if cfg.affine_p >= 1 else torch.where(_per_sample(u[:, APPLY] < cfg.affine_p), moved, x)
         if cfg.intensity:

@@ -1,4 +1,5 @@
 """The report's figures (matplotlib, Agg): throughput against peak memory, and the paired effect of each switch."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,7 +14,7 @@ from matplotlib import ticker  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.transforms import Bbox  # noqa: E402
 
-from src.sweep_analysis import AUC, MEMORY, THROUGHPUT, comparison, short_name, shown, verdict_text  # noqa: E402
+from src.report.analysis import AUC, MEMORY, THROUGHPUT, comparison, short_name, shown, verdict_text  # noqa: E402
 
 ANNOTATE_ALL_UP_TO = 12  # more configurations than this: only the Pareto front is labelled
 DPI = 150
@@ -30,16 +31,38 @@ def throughput_memory(table: pd.DataFrame, keys: list[str], front: np.ndarray, t
     AUC, the Pareto front over all three (``front``) ringed: a staircase through speed and memory alone would
     leave out accurate configurations that are slower or larger."""
     fig, ax = plt.subplots(figsize=(9, 6.5), layout="constrained")
-    ax.set(xlabel="peak memory, mem/peak_mb (MiB)", ylabel="training throughput, perf/samples_per_s (samples/s)",
-           title=title)
+    ax.set(
+        xlabel="peak memory, mem/peak_mb (MiB)",
+        ylabel="training throughput, perf/samples_per_s (samples/s)",
+        title=title,
+    )
     x, y, auc = (table[column].to_numpy(float) for column in (MEMORY, THROUGHPUT, AUC))
     several = bool((table["n"] > 1).any())
     if several:
-        ax.errorbar(x, y, xerr=table[f"{MEMORY} std"].fillna(0), yerr=table[f"{THROUGHPUT} std"].fillna(0),
-                    fmt="none", ecolor="0.65", elinewidth=1, capsize=3, zorder=1)
+        ax.errorbar(
+            x,
+            y,
+            xerr=table[f"{MEMORY} std"].fillna(0),
+            yerr=table[f"{THROUGHPUT} std"].fillna(0),
+            fmt="none",
+            ecolor="0.65",
+            elinewidth=1,
+            capsize=3,
+            zorder=1,
+        )
     finite = auc[np.isfinite(auc)]
-    points = ax.scatter(x, y, c=auc, cmap="viridis", s=70, edgecolors="black", linewidths=0.5, zorder=3,
-                        vmin=finite.min() if finite.size else 0, vmax=finite.max() if finite.size else 1)
+    points = ax.scatter(
+        x,
+        y,
+        c=auc,
+        cmap="viridis",
+        s=70,
+        edgecolors="black",
+        linewidths=0.5,
+        zorder=3,
+        vmin=finite.min() if finite.size else 0,
+        vmax=finite.max() if finite.size else 1,
+    )
     fig.colorbar(points, ax=ax, label="test AUC (mean over seeds)" if several else "test AUC")
     ax.scatter(x[front], y[front], s=220, facecolors="none", edgecolors="crimson", linewidths=1.5, zorder=4)
     ax.margins(x=0.2, y=0.2)
@@ -47,12 +70,33 @@ def throughput_memory(table: pd.DataFrame, keys: list[str], front: np.ndarray, t
         set_limits(max(limits[0], -0.03 * limits[1]), limits[1])  # from 0 (a little below: markers at 0 show)
     ax.grid(alpha=0.3)
     seeds = f"mean over {table['n'].max()} seeds, bars: std" if several else "one run each"
-    fig.legend(handles=[Line2D([], [], marker="o", linestyle="none", color="0.5", markeredgecolor="black",
-                               label=f"configuration ({seeds})"),
-                        Line2D([], [], marker="o", linestyle="none", color="crimson", markerfacecolor="none",
-                               markersize=12, label="Pareto front: no other configuration is at least as fast, "
-                                                    "as small and as accurate (test AUC), and better in one")],
-               loc="outside lower center", ncol=1, fontsize=9)
+    fig.legend(
+        handles=[
+            Line2D(
+                [],
+                [],
+                marker="o",
+                linestyle="none",
+                color="0.5",
+                markeredgecolor="black",
+                label=f"configuration ({seeds})",
+            ),
+            Line2D(
+                [],
+                [],
+                marker="o",
+                linestyle="none",
+                color="crimson",
+                markerfacecolor="none",
+                markersize=12,
+                label="Pareto front: no other configuration is at least as fast, "
+                "as small and as accurate (test AUC), and better in one",
+            ),
+        ],
+        loc="outside lower center",
+        ncol=1,
+        fontsize=9,
+    )
     labelled = [*np.flatnonzero(front), *(np.flatnonzero(~front) if len(table) <= ANNOTATE_ALL_UP_TO else [])]
     place_labels(ax, x, y, {i: config_label(table.iloc[i], keys) for i in labelled})
     fig.savefig(path, dpi=DPI)
@@ -60,10 +104,20 @@ def throughput_memory(table: pd.DataFrame, keys: list[str], front: np.ndarray, t
 
 
 # Label offsets tried in turn (points from the marker; alignment), nearest first.
-OFFSETS = [(dx * r, dy * r, ha, va) for r in (1, 2.5, 4.5) for dx, dy, ha, va in
-           ((10, 6, "left", "bottom"), (10, -6, "left", "top"), (-10, 6, "right", "bottom"),
-            (-10, -6, "right", "top"), (12, 0, "left", "center"), (-12, 0, "right", "center"),
-            (0, 11, "center", "bottom"), (0, -11, "center", "top"))]
+OFFSETS = [
+    (dx * r, dy * r, ha, va)
+    for r in (1, 2.5, 4.5)
+    for dx, dy, ha, va in (
+        (10, 6, "left", "bottom"),
+        (10, -6, "left", "top"),
+        (-10, 6, "right", "bottom"),
+        (-10, -6, "right", "top"),
+        (12, 0, "left", "center"),
+        (-12, 0, "right", "center"),
+        (0, 11, "center", "bottom"),
+        (0, -11, "center", "top"),
+    )
+]
 
 
 def overlap(a: Bbox, b: Bbox) -> float:
@@ -77,15 +131,26 @@ def place_labels(ax: plt.Axes, xs: np.ndarray, ys: np.ndarray, texts: dict[int, 
     fig.canvas.draw()  # settle the layout: the boxes below are in display pixels
     renderer, inside = fig.canvas.get_renderer(), ax.get_window_extent()
     radius = 9 * fig.dpi / 72
-    markers = [Bbox.from_extents(px - radius, py - radius, px + radius, py + radius)
-               for px, py in ax.transData.transform(np.column_stack([xs, ys]))]
+    markers = [
+        Bbox.from_extents(px - radius, py - radius, px + radius, py + radius)
+        for px, py in ax.transData.transform(np.column_stack([xs, ys]))
+    ]
     labels: list[Bbox] = []
     for i, text in texts.items():
-        taken, best = [*markers[:i], *markers[i + 1:], *labels], None
+        taken, best = [*markers[:i], *markers[i + 1 :], *labels], None
         for dx, dy, ha, va in OFFSETS:
-            label = ax.annotate(text, (xs[i], ys[i]), xytext=(dx, dy), textcoords="offset points", ha=ha, va=va,
-                                fontsize=8, zorder=5, arrowprops={"arrowstyle": "-", "color": "0.5", "lw": 0.6},
-                                bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.8})
+            label = ax.annotate(
+                text,
+                (xs[i], ys[i]),
+                xytext=(dx, dy),
+                textcoords="offset points",
+                ha=ha,
+                va=va,
+                fontsize=8,
+                zorder=5,
+                arrowprops={"arrowstyle": "-", "color": "0.5", "lw": 0.6},
+                bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.8},
+            )
             label.set_in_layout(False)
             box = label.get_window_extent(renderer)
             cost = sum(overlap(box, t) for t in taken) + box.width * box.height - overlap(box, inside)
@@ -99,13 +164,28 @@ def place_labels(ax: plt.Axes, xs: np.ndarray, ys: np.ndarray, texts: dict[int, 
                 break
         labels.append(best[2])
 
+
 # (column of paired_effects, of summarize_effects, x label, reference value, value shown on the axis from the
 # column, its label)
-PANELS = (("speed_ratio", "speed_ratio", "training samples/s: value / baseline (ratio, log scale)", 1.0,
-           lambda r: r, lambda v: f"×{v:.2f}"),
-          ("memory_ratio", "memory_ratio", "peak memory: change from baseline (%)", 0.0, lambda r: (r - 1) * 100,
-           lambda v: f"{v:+.0f}%"),
-          ("dauc", "dauc_mean", "test AUC: value - baseline (AUC, 0 to 1)", 0.0, lambda d: d, lambda v: f"{v:+.3f}"))
+PANELS = (
+    (
+        "speed_ratio",
+        "speed_ratio",
+        "training samples/s: value / baseline (ratio, log scale)",
+        1.0,
+        lambda r: r,
+        lambda v: f"×{v:.2f}",
+    ),
+    (
+        "memory_ratio",
+        "memory_ratio",
+        "peak memory: change from baseline (%)",
+        0.0,
+        lambda r: (r - 1) * 100,
+        lambda v: f"{v:+.0f}%",
+    ),
+    ("dauc", "dauc_mean", "test AUC: value - baseline (AUC, 0 to 1)", 0.0, lambda d: d, lambda v: f"{v:+.3f}"),
+)
 CI_COLOR, MARGIN_COLOR = "crimson", "darkorange"
 
 
@@ -120,15 +200,21 @@ def paired_effects(found: pd.DataFrame, summary: pd.DataFrame, margin: float, ti
         means = axis_value(summary[mean_column].to_numpy(float))
         ax.barh(rows, means - reference, left=reference, height=0.5, color="tab:blue", alpha=0.45)
         for row, key in enumerate(comparisons):
-            dots = found[(found["param"] == key.param) & (found["value"] == key.value)
-                         & (found["baseline"] == key.baseline)]
-            ax.plot(axis_value(dots[column].to_numpy(float)), np.full(len(dots), row), "o", color="black",
-                    markersize=4)
+            dots = found[
+                (found["param"] == key.param) & (found["value"] == key.value) & (found["baseline"] == key.baseline)
+            ]
+            ax.plot(axis_value(dots[column].to_numpy(float)), np.full(len(dots), row), "o", color="black", markersize=4)
             if np.isfinite(means[row]):
                 right = means[row] >= reference
-                ax.annotate(text(means[row]), (means[row], row), xytext=(3 if right else -3, 11),
-                            textcoords="offset points", ha="left" if right else "right", fontsize=8,
-                            bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8})
+                ax.annotate(
+                    text(means[row]),
+                    (means[row], row),
+                    xytext=(3 if right else -3, 11),
+                    textcoords="offset points",
+                    ha="left" if right else "right",
+                    fontsize=8,
+                    bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8},
+                )
         ax.axvline(reference, color="0.3", linewidth=1)
         if column == "speed_ratio":
             ax.set_xscale("log")
@@ -139,23 +225,42 @@ def paired_effects(found: pd.DataFrame, summary: pd.DataFrame, margin: float, ti
         ax.margins(x=0.2)
         ax.grid(axis="x", alpha=0.3)
     lo, mean, hi = (summary[c].to_numpy(float) for c in ("dauc_lo", "dauc_mean", "dauc_hi"))
-    axes[2].errorbar(mean, rows, xerr=[mean - lo, hi - mean], fmt="none", ecolor=CI_COLOR, elinewidth=1.5, capsize=5,
-                     zorder=3)
+    axes[2].errorbar(
+        mean, rows, xerr=[mean - lo, hi - mean], fmt="none", ecolor=CI_COLOR, elinewidth=1.5, capsize=5, zorder=3
+    )
     axes[2].axvline(-margin, color=MARGIN_COLOR, linestyle="--", linewidth=1.5)
     verdicts = axes[2].secondary_yaxis("right")
     verdicts.set_yticks(rows, [verdict_text(e).replace(" (", "\n(") for e in summary.itertuples()])
     verdicts.tick_params(length=0)
-    axes[0].set_yticks(rows, [f"{comparison(*key)}\n({n} pair{'s' if n > 1 else ''})"
-                              for key, n in zip(comparisons, summary["pairs"])])
+    axes[0].set_yticks(
+        rows, [f"{comparison(*key)}\n({n} pair{'s' if n > 1 else ''})" for key, n in zip(comparisons, summary["pairs"])]
+    )
     axes[0].set_ylim(len(rows) - 0.4, -0.6)
-    fig.legend(handles=[plt.Rectangle((0, 0), 1, 1, color="tab:blue", alpha=0.45,
-                                      label="mean over pairs (geometric for ratios)"),
-                        Line2D([], [], marker="o", linestyle="none", color="black", markersize=4,
-                               label="one pair of runs that differ only in this switch"),
-                        Line2D([], [], marker="|", color=CI_COLOR, markersize=8, label="95% interval of the mean"),
-                        Line2D([], [], color=MARGIN_COLOR, linestyle="--",
-                               label=f"-margin ({-margin:+g} AUC): no loss when the interval is right of it")],
-               loc="outside lower center", ncol=2, fontsize=9)
+    fig.legend(
+        handles=[
+            plt.Rectangle((0, 0), 1, 1, color="tab:blue", alpha=0.45, label="mean over pairs (geometric for ratios)"),
+            Line2D(
+                [],
+                [],
+                marker="o",
+                linestyle="none",
+                color="black",
+                markersize=4,
+                label="one pair of runs that differ only in this switch",
+            ),
+            Line2D([], [], marker="|", color=CI_COLOR, markersize=8, label="95% interval of the mean"),
+            Line2D(
+                [],
+                [],
+                color=MARGIN_COLOR,
+                linestyle="--",
+                label=f"-margin ({-margin:+g} AUC): no loss when the interval is right of it",
+            ),
+        ],
+        loc="outside lower center",
+        ncol=2,
+        fontsize=9,
+    )
     fig.suptitle(title)
     fig.savefig(path, dpi=DPI)
     plt.close(fig)

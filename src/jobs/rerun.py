@@ -5,6 +5,7 @@ composing today's ``conf/`` again. Next to ``rerun=`` only keys that do not chan
 (where it logs or finds data); the new run logs to the store the run was found in, and to its
 experiment unless ``mlflow.experiment`` is given.
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -18,7 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from src.config import Config
 from src.errors import UsageError
-from src.tracking import NOT_HASHED
+from src.tracking.identity import NOT_HASHED
 
 CONFIG_ARTIFACT = ".hydra/config.yaml"
 
@@ -29,25 +30,37 @@ def changed_keys(overrides: list[str]) -> list[str]:
     return [key for key in (override.key_or_group for override in parsed) if key not in ("rerun", "resume")]
 
 
+def with_command_line(stored: DictConfig, cfg: DictConfig, keys: list[str]) -> DictConfig:
+    """``stored`` (a run's config) with ``keys`` set as the command line's ``cfg`` has them."""
+    for key in keys:
+        OmegaConf.update(stored, key, OmegaConf.select(cfg, key), merge=False)
+    return stored
+
+
 def logged_config(client: mlflow.MlflowClient, run_id: str) -> DictConfig:
     """The run's ``.hydra/config.yaml``, typed by the schema."""
     try:
         client.get_run(run_id)
     except MlflowException:
-        raise UsageError(f"rerun={run_id} is not a run in {client.tracking_uri}: give a run id from that store "
-                         f"(or set mlflow.tracking_uri to the store that holds it)") from None
+        raise UsageError(
+            f"rerun={run_id} is not a run in {client.tracking_uri}: give a run id from that store "
+            f"(or set mlflow.tracking_uri to the store that holds it)"
+        ) from None
     with tempfile.TemporaryDirectory() as folder:
         try:
             path = client.download_artifacts(run_id, CONFIG_ARTIFACT, folder)
         except (MlflowException, OSError):
-            raise UsageError(f"rerun={run_id} has no {CONFIG_ARTIFACT} artifact (only finished runs log it): "
-                             f"rerun a FINISHED run") from None
+            raise UsageError(
+                f"rerun={run_id} has no {CONFIG_ARTIFACT} artifact (only finished runs log it): rerun a FINISHED run"
+            ) from None
         logged = OmegaConf.load(Path(path))
     try:
         return OmegaConf.merge(OmegaConf.structured(Config), logged)
     except OmegaConfBaseException as err:
-        raise UsageError(f"rerun={run_id}: its logged config does not fit today's schema "
-                         f"({str(err).splitlines()[0]}): check out the run's git_commit tag to rerun it") from None
+        raise UsageError(
+            f"rerun={run_id}: its logged config does not fit today's schema "
+            f"({str(err).splitlines()[0]}): check out the run's git_commit tag to rerun it"
+        ) from None
 
 
 def rerun_config(cfg: DictConfig, overrides: list[str], client: mlflow.MlflowClient) -> DictConfig:
@@ -55,10 +68,10 @@ def rerun_config(cfg: DictConfig, overrides: list[str], client: mlflow.MlflowCli
     changed = changed_keys(overrides)
     fixed = [key for key in changed if not key.startswith(NOT_HASHED)]
     if fixed:
-        raise UsageError(f"{fixed[0]} cannot change next to rerun={cfg.rerun}, which trains that run's config as it "
-                         f"was: drop {fixed[0]} (only {', '.join(k.rstrip('.') for k in NOT_HASHED)} may change)")
-    rebuilt = logged_config(client, cfg.rerun)
-    for key in ["mlflow.tracking_uri", *changed]:
-        OmegaConf.update(rebuilt, key, OmegaConf.select(cfg, key), merge=False)
+        raise UsageError(
+            f"{fixed[0]} cannot change next to rerun={cfg.rerun}, which trains that run's config as it "
+            f"was: drop {fixed[0]} (only {', '.join(k.rstrip('.') for k in NOT_HASHED)} may change)"
+        )
+    rebuilt = with_command_line(logged_config(client, cfg.rerun), cfg, ["mlflow.tracking_uri", *changed])
     rebuilt.rerun = None
     return rebuilt

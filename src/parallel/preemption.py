@@ -1,4 +1,5 @@
 """Stop requests by signal (SLURM preemption, ``kill``, submitit's requeue signal), acted on between steps."""
+
 from __future__ import annotations
 
 import contextlib

@@ -1,4 +1,5 @@
 """Ranks and process groups: spawned from inside a Hydra job, or started by torchrun or SLURM (submitit)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -13,8 +14,9 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
-from src.config import Backend, Config, ParallelMode
+from src.config import Config
 from src.errors import UsageError
+from src.resolve import ddp_backend
 
 
 @dataclass(frozen=True)
@@ -56,34 +58,14 @@ def world_size(cfg: Config, gpus: tuple[int, ...]) -> int:
     return cfg.parallel.nproc or len(gpus) or 2
 
 
-def backend(cfg: Config, device: torch.device) -> str:
-    """``auto``: NCCL on CUDA, gloo on CPU; NCCL without CUDA is refused."""
-    if cfg.parallel.backend is Backend.auto:
-        return "nccl" if device.type == "cuda" else "gloo"
-    if cfg.parallel.backend is Backend.nccl and device.type != "cuda":
-        raise UsageError("parallel.backend=nccl needs CUDA devices (this run is on cpu): use parallel.backend=gloo or auto")
-    return cfg.parallel.backend.value
-
-
-def check(cfg: Config, device: torch.device) -> None:
-    """Parallel settings that cannot work here fail before any work starts."""
-    if cfg.parallel.mode is ParallelMode.dp and (device.type != "cuda" or torch.cuda.device_count() < 2):
-        found = torch.cuda.device_count() if device.type == "cuda" else 0
-        raise UsageError(f"parallel=dp needs 2 or more visible GPUs (found {found}): use parallel=ddp, "
-                         f"or parallel=none on one device")
-    if cfg.parallel.mode is ParallelMode.ddp:
-        chosen = backend(cfg, device)
-        if cfg.parallel.sync_bn and chosen != "nccl":
-            raise UsageError(f"parallel.sync_bn=true needs NCCL on CUDA (SyncBatchNorm has no {chosen} CPU kernel): "
-                             f"use parallel.sync_bn=false, or model.norm=group")
-        if device.type == "cuda" and (cfg.parallel.nproc or 0) > torch.cuda.device_count():
-            raise UsageError(f"parallel.nproc={cfg.parallel.nproc} exceeds the {torch.cuda.device_count()} visible "
-                             f"GPUs: lower parallel.nproc")
-
-
 def init_process_group(cfg: Config, device: torch.device, rank: Rank, init_method: str = "env://") -> None:
-    dist.init_process_group(backend(cfg, device), init_method=init_method, rank=rank.rank, world_size=rank.world,
-                            timeout=timedelta(seconds=cfg.parallel.timeout_s))
+    dist.init_process_group(
+        ddp_backend(cfg, device),
+        init_method=init_method,
+        rank=rank.rank,
+        world_size=rank.world,
+        timeout=timedelta(seconds=cfg.parallel.timeout_s),
+    )
 
 
 def all_reduce(values: dict[str, torch.Tensor], op: dist.ReduceOp.RedOpType) -> dict[str, torch.Tensor]:

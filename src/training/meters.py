@@ -1,4 +1,5 @@
 """Peak memory and throughput, measured the same way in every run."""
+
 from __future__ import annotations
 
 import contextlib
@@ -11,6 +12,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from src.atomic import atomic_path
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -53,8 +56,10 @@ class MemoryMonitor:
     def peak(self) -> dict[str, float]:
         """``mem/peak_mb`` (and ``mem/peak_reserved_mb`` on CUDA) since :meth:`start`."""
         if self.device.type == "cuda":
-            return {"mem/peak_mb": torch.cuda.max_memory_allocated(self.device) / 2**20,
-                    "mem/peak_reserved_mb": torch.cuda.max_memory_reserved(self.device) / 2**20}
+            return {
+                "mem/peak_mb": torch.cuda.max_memory_allocated(self.device) / 2**20,
+                "mem/peak_reserved_mb": torch.cuda.max_memory_reserved(self.device) / 2**20,
+            }
         return {"mem/peak_mb": (_status_kb("VmHWM") - self._baseline_kb) / 1024}
 
 
@@ -101,9 +106,11 @@ class ThroughputMeter:
     def end_epoch(self) -> dict[str, float]:
         synchronize(self.device)
         elapsed = time.perf_counter() - self._t0
-        return {"perf/samples_per_s": self._samples / elapsed,
-                "perf/step_ms": 1000 * elapsed / self._steps,
-                "perf/data_wait_frac": self._wait / elapsed}
+        return {
+            "perf/samples_per_s": self._samples / elapsed,
+            "perf/step_ms": 1000 * elapsed / self._steps,
+            "perf/data_wait_frac": self._wait / elapsed,
+        }
 
 
 # Dense (no sparsity) tensor-core peaks of known GPUs, FLOP/s, from the vendors' data sheets.
@@ -119,8 +126,11 @@ PEAK_CACHE = Path.home() / ".cache" / "medsweep" / "peak_flops.json"
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    match = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M) \
-        if Path("/proc/cpuinfo").exists() else None
+    match = (
+        re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+        if Path("/proc/cpuinfo").exists()
+        else None
+    )
     return match.group(1).strip() if match else platform.processor() or "cpu"
 
 
@@ -154,8 +164,6 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
     cache = json.loads(PEAK_CACHE.read_text()) if PEAK_CACHE.exists() else {}
     if key not in cache:
         cache[key] = matmul_flops(device, dtype)
-        PEAK_CACHE.parent.mkdir(parents=True, exist_ok=True)
-        partial = PEAK_CACHE.with_suffix(f".{time.time_ns()}.part")
-        partial.write_text(json.dumps(cache, indent=2))
-        partial.replace(PEAK_CACHE)
+        with atomic_path(PEAK_CACHE) as partial:
+            partial.write_text(json.dumps(cache, indent=2))
     return cache[key], "probe"

@@ -1,18 +1,20 @@
 """Run checkpoints: one atomic file per job folder that ``torch.load(..., weights_only=True)`` reads.
 
-The file holds what a :class:`src.engine.Trainer` needs to go on bitwise as if never stopped (model,
+The file holds what a :class:`src.training.trainer.Trainer` needs to go on bitwise as if never stopped (model,
 optimizer, GradScaler, LR schedule, RNG states, position, best weights, running sums) and what the job
 needs to find and check the run (MLflow run id, resolved config, micro-batch, ranks).
 """
+
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from src.atomic import atomic_path
 
 FILE = "checkpoint.pt"
 
@@ -24,24 +26,9 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def save(state: dict[str, Any], path: Path) -> None:
-    """Write ``state`` atomically: a temp file in the same folder, fsynced, renamed over ``path``, folder fsynced.
-
-    A crash at any moment leaves either the previous checkpoint or the new one, never a partial file.
-    """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with tmp.open("wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    folder = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
+    """Write ``state`` atomically: a crash at any moment leaves the previous checkpoint or the new one."""
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
 
 
 def load(path: Path, mmap: bool = False) -> dict[str, Any]:
@@ -56,10 +43,12 @@ def rng_state() -> dict[str, Any]:
     """Python, NumPy, torch CPU and CUDA generator states as tensors and plain values (``weights_only`` safe)."""
     version, words, gauss = random.getstate()
     _, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"python": [version, torch.tensor(words, dtype=torch.int64), gauss],
-            "numpy": [torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
-            "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+    return {
+        "python": [version, torch.tensor(words, dtype=torch.int64), gauss],
+        "numpy": [torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
 
 
 def set_rng_state(state: dict[str, Any]) -> None:

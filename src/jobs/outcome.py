@@ -1,0 +1,98 @@
+"""How a job ends besides training to the end: skipped (a FINISHED run has its config), out of memory (its run
+FAILED with ``status=oom``, maybe retried at half the micro-batch), preempted (its run KILLED and resumable)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+from typing import Iterator, NoReturn
+
+import mlflow
+
+from src.config import Config
+from src.jobs.plan import Plan
+from src.parallel.preemption import EXIT_PREEMPTED, Preempted, PreemptedExit, Preemption
+from src.tracking.runs import RunLogger
+from src.tracking.store import best_metric
+from src.tracking.sweep import SKIPPED_TAG, job_parent_id
+from src.training import checkpoint
+
+log = logging.getLogger(__name__)
+
+
+def run_name(overrides: list[str]) -> str:
+    return " ".join(overrides)[:250].rstrip() or "defaults"
+
+
+def skip(plan: Plan) -> float:
+    """Train nothing: log why, list the job on the sweep's parent run, return the finished run's objective."""
+    done = plan.finished
+    log.info("skipping %s: run %s FINISHED with the same config", run_name(plan.overrides), done.info.run_id)
+    client = mlflow.MlflowClient(plan.tracking_uri)
+    if parent_id := job_parent_id():
+        RunLogger(client, parent_id).set_tags(
+            {f"{SKIPPED_TAG}{plan.job_num}": f"{' '.join(plan.overrides)} -> {done.info.run_id}"}
+        )
+    return best_metric(client, done.info.run_id, plan.cfg.objective)
+
+
+def attempts(cfg: Config) -> Iterator[Config]:
+    """The config, then, while ``oom_retry`` allows, half the micro-batch and twice the accumulation (the same
+    effective batch) after each out-of-memory attempt."""
+    while True:
+        yield cfg
+        if not (cfg.oom_retry and cfg.batch_size > 1):
+            return
+        cfg = dataclasses.replace(cfg, batch_size=cfg.batch_size // 2, accumulate=cfg.accumulate * 2)
+
+
+def read_oom(output_dir: Path) -> dict[str, float] | None:
+    """The memory reached by the ranks that ran out of memory (their ``oom_rank<k>.json``), consumed."""
+    records = sorted(output_dir.glob("oom_rank*.json"))
+    if not records:
+        return None
+    peaks = [json.loads(path.read_text())["mem/peak_mb"] for path in records]
+    for path in records:
+        path.unlink()
+    return {"mem/peak_mb": max(peaks)}
+
+
+def record_oom(run: RunLogger, cfg: Config, oom: dict[str, float], predicted_mb: float) -> str:
+    """The run ends FAILED, tagged ``status=oom`` and whether it is retried; returns the message to report."""
+    retry = cfg.oom_retry and cfg.batch_size > 1
+    run.set_tags({"status": "oom", "retried": str(retry).lower()})
+    run.log_metrics({**oom, "mem/predicted_mb": predicted_mb}, step=0)
+    run.finish("FAILED")
+    message = f"out of memory at batch_size={cfg.batch_size} (peak {oom['mem/peak_mb']:.0f} MiB)"
+    if retry:
+        log.warning("%s: retrying with batch_size=%d accumulate=%d", message, cfg.batch_size // 2, cfg.accumulate * 2)
+    return message
+
+
+def stop_preempted(run: RunLogger, stop: Preempted, preemption: Preemption) -> NoReturn:
+    """A stop signal was honoured and the checkpoint written: the run ends KILLED, tagged resumable; a signal
+    submitit sent goes back to submitit (it requeues the job, which resumes by itself); else exit 143."""
+    run.set_tags({"preempted": "true", "resume_with": f"resume={run.run_id}"})
+    run.finish("KILLED")
+    log.warning(
+        "preempted (%s): run %s is KILLED and resumable: python -m src.train resume=%s", stop, run.run_id, run.run_id
+    )
+    try:
+        preemption.hand_over()
+    except SystemExit as handed:  # submitit requeued the job; its exit code tells its controller so
+        raise PreemptedExit(handed.code) from None
+    raise PreemptedExit(EXIT_PREEMPTED)
+
+
+def log_outputs(run: RunLogger, output_dir: Path, job_dir: Path) -> None:
+    """The run's folder as artifacts (``.hydra/``, ``metrics.json``, the log) but not its checkpoint; a
+    resuming job's own folder (its config and log) under ``resumes/<folder name>``."""
+    for path in sorted(output_dir.iterdir()):
+        if path.is_dir():
+            run.log_artifacts(path, path.name)
+        elif path.name != checkpoint.FILE:
+            run.client.log_artifact(run.run_id, str(path))
+    if job_dir.resolve() != output_dir.resolve():
+        run.log_artifacts(job_dir, f"resumes/{job_dir.name}")

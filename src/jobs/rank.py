@@ -1,0 +1,136 @@
+"""One rank of a job: process group, seeding, the Trainer and its hooks, resumed state, fit; rank 0 logs to the
+job's MLflow run, checkpoints, and writes the evaluation artifacts and ``metrics.json``."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlflow
+import torch
+
+from src import config as schema
+from src.jobs import resume as resumption
+from src.parallel import dist
+from src.parallel.launch import METRICS_FILE
+from src.parallel.preemption import Preempted, Preemption
+from src.parallel.ranks import data_parallel_width, seed_everything
+from src.perf.memory import predicted_memory_metrics
+from src.resolve import resolve_amp_dtype
+from src.tracking.runs import RunLogger
+from src.training import checkpoint
+from src.training.build import build_trainer
+from src.training.metrics import class_names, write_eval_artifacts
+from src.training.mfu import Mfu
+from src.training.trainer import Hooks
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every rank of one job needs, picklable for spawned ranks."""
+
+    cfg: schema.Config
+    device_type: str
+    run_id: str | None
+    tracking_uri: str
+    output_dir: Path
+    log_file: Path
+    gpus: tuple[int, ...] = ()  # devices of an in-process rank; spawned ranks use cuda:<local rank>
+    resume_from: Path | None = None  # the checkpoint every rank loads before training
+    checkpoint_meta: dict = dataclasses.field(default_factory=dict)  # saved with each checkpoint (run id, config)
+
+
+def run_rank(
+    job: Job, rank: dist.Rank, init_method: str = "env://", preemption: Preemption | None = None
+) -> dict[str, float]:
+    """One rank's whole training. Raises :class:`Preempted` on every rank when ``preemption`` stopped it."""
+    index = job.gpus[0] if job.gpus else rank.local_rank
+    device = torch.device("cuda", index) if job.device_type == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if rank.world > 1:
+        dist.init_process_group(job.cfg, device, rank, init_method)
+        shared = [(job.cfg, job.resume_from)]  # rank 0's: it resolved the config and the checkpoint to resume
+        torch.distributed.broadcast_object_list(shared, src=0)
+        job = dataclasses.replace(job, cfg=shared[0][0], resume_from=shared[0][1])
+    try:
+        return train_rank(job, rank, device, preemption or Preemption())
+    finally:
+        if rank.world > 1:
+            torch.distributed.destroy_process_group()
+
+
+def train_rank(job: Job, rank: dist.Rank, device: torch.device, preemption: Preemption) -> dict[str, float]:
+    cfg = job.cfg
+    threads = seed_everything(cfg, ranks_on_node=int(os.environ.get("LOCAL_WORLD_SIZE", rank.world)))
+    log.info("rank %d/%d on %s with %d threads", rank.rank, rank.world, device, threads)
+    mfu = Mfu.of(cfg, device, rank.world * data_parallel_width(cfg, job.gpus))
+    extras = (predicted_memory_metrics(cfg, device), mfu) if rank.is_main else (mfu,)
+    hooks = Hooks(
+        checkpoint_to=job.output_dir / checkpoint.FILE if rank.is_main else None,
+        checkpoint_meta=job.checkpoint_meta,
+        preemption=preemption,
+        epoch_metrics=extras,
+    )
+    trainer = build_trainer(cfg, device, rank, job.gpus, hooks)
+    run = RunLogger(mlflow.MlflowClient(job.tracking_uri), job.run_id) if rank.is_main else None
+    amp_dtype = str(resolve_amp_dtype(cfg, device)).removeprefix("torch.") if cfg.amp else "float32"
+    if cfg.amp and amp_dtype == "float32" and rank.is_main:
+        log.warning(
+            "amp=true: this CPU has no native bf16 (avx512_bf16/AMX), where autocast runs ~100x slower; "
+            "training in float32 (amp_dtype=bfloat16 forces it)"
+        )
+    if run:
+        run.set_tags(
+            {
+                "amp.dtype": amp_dtype,
+                "mem.source": trainer.memory.source,
+                "device": str(device),
+                "num_threads": str(threads),
+                "perf.peak_source": mfu.peak_source,
+                "perf.peak_tflops_per_device": f"{mfu.peak_per_device / 1e12:.6g}",
+            }
+        )
+    log_metrics = run.log_metrics if run else lambda metrics, step: None
+    if job.resume_from:
+        trainer.load_state_dict(checkpoint.load(job.resume_from))
+        log.info("resumed from %s at epoch %d step %d", job.resume_from, trainer.epoch + 1, trainer.step)
+        if run and trainer.last_metrics:  # the checkpoint is written first: its epoch may not be logged yet
+            resumption.log_missing(run, trainer.last_metrics, trainer.epoch - 1)
+        if run and trainer.epoch == cfg.epochs:  # trained to the end before it stopped: the test may be logged
+            log_metrics = functools.partial(resumption.log_missing, run)
+    try:
+        final = trainer.fit(log_metrics)
+    except torch.OutOfMemoryError:
+        (job.output_dir / f"oom_rank{rank.rank}.json").write_text(json.dumps(trainer.memory.peak()))
+        raise
+    if rank.is_main:
+        write_eval_artifacts(
+            *trainer.test_predictions,
+            cfg.data.task,
+            class_names(cfg.data.name, cfg.data.num_classes),
+            job.output_dir / "eval",
+        )
+        (job.output_dir / METRICS_FILE).write_text(json.dumps(final, indent=2))
+    return final
+
+
+def spawned_rank(index: int, job: Job, world: int, init_method: str) -> None:
+    """Entry of a rank spawned by the job: log like the job does, then :func:`run_rank`."""
+    handlers = [logging.StreamHandler(), logging.FileHandler(job.log_file)] if index == 0 else [logging.StreamHandler()]
+    logging.basicConfig(
+        level=logging.INFO if index == 0 else logging.WARNING,
+        handlers=handlers,
+        format=f"[%(asctime)s][rank{index}][%(name)s][%(levelname)s] - %(message)s",
+    )
+    preemption = Preemption()
+    with preemption.installed(), contextlib.suppress(Preempted):  # rank 0 checkpointed: exit 0, the job sees it
+        run_rank(job, dist.Rank(index, world, index), init_method, preemption)

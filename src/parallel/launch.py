@@ -1,0 +1,83 @@
+"""Starting a job's ranks: spawned on this machine (``spawn`` start method, a free port), on the GPUs this job
+holds, with stop signals passed on."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.multiprocessing as mp
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from src.parallel import dist
+from src.parallel.preemption import Preempted, Preemption
+
+METRICS_FILE = "metrics.json"  # rank 0's final metrics, in the job's output folder
+
+
+@contextlib.contextmanager
+def visible_gpus(gpus: tuple[int, ...]) -> Iterator[None]:
+    """Show processes started inside only ``gpus`` (indices into this process's visible GPUs)."""
+    if not gpus:
+        yield
+        return
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    physical = before.split(",") if before else [str(i) for i in range(torch.cuda.device_count())]
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(physical[i] for i in gpus)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
+
+
+def spawn_ranks(entry: Callable[..., None], job: Any, world: int, preemption: Preemption) -> dict[str, float]:
+    """Start ``world`` ranks as ``entry(index, job, world, init_method)`` with the ``spawn`` method on a free port;
+    stop signals are passed on to them. ``job`` has ``output_dir`` and ``gpus`` (the GPUs they see).
+
+    torch.multiprocessing watches them: when one dies the others are terminated and this raises. The
+    process-wide start method is set too: a spawned child restores its parent's, and a joblib (loky)
+    worker's own, ``loky``, does not exist in a fresh interpreter. Ranks that stopped on a signal exit 0
+    without ``metrics.json``: this raises :class:`Preempted` then.
+    """
+    init_method = f"tcp://127.0.0.1:{dist.free_port()}"
+    mp.set_start_method("spawn", force=True)
+    metrics = Path(job.output_dir) / METRICS_FILE
+    metrics.unlink(missing_ok=True)
+    with visible_gpus(job.gpus):
+        ranks = mp.start_processes(
+            entry,
+            args=(dataclasses.replace(job, gpus=()), world, init_method),
+            nprocs=world,
+            start_method="spawn",
+            join=False,
+        )
+        preemption.forward_to(ranks.processes)
+        while not ranks.join():
+            pass
+    if not metrics.exists():
+        raise Preempted(f"the ranks stopped, output folder {job.output_dir}")
+    return json.loads(metrics.read_text())
+
+
+@contextlib.contextmanager
+def job_gpus(hydra_cfg: DictConfig) -> Iterator[tuple[int, ...]]:
+    """This job's GPUs: all visible ones, or, under a launcher running ``n_jobs`` jobs at once on this
+    machine, its own share, held through a slot lock for the job's lifetime."""
+    count = torch.cuda.device_count()
+    n_jobs = OmegaConf.select(hydra_cfg, "launcher.n_jobs", default=1) if hydra_cfg.mode is RunMode.MULTIRUN else 1
+    n_jobs = count if n_jobs == -1 else n_jobs  # joblib's -1: as many jobs as CPUs; here at most one per GPU
+    if not count or n_jobs <= 1:
+        yield tuple(range(count))
+        return
+    per_job = max(1, count // n_jobs)
+    with dist.gpu_slot(Path(hydra_cfg.sweep.dir), n_jobs) as slot:
+        yield tuple((slot * per_job + i) % count for i in range(per_job))

@@ -1,0 +1,321 @@
+"""Predict a run's peak training memory, what ``mem/peak_mb`` will read, before training.
+
+    python -m src.memory model=densenet121 batch_size=16 amp=true data=synthetic
+
+One training micro-step (forward, loss, backward, under the run's autocast) is replayed on fake tensors
+(``FakeTensorMode``: shapes and dtypes only, nothing allocated or computed), in a few seconds even for
+densenet121 at 64^3. The replay measures:
+
+* activations: the storages autograd saves for backward (``saved_tensors_hooks``), each counted once (an
+  in-place ReLU's output that the next conv saves too is one tensor); parameters, buffers, the input and
+  weight casts are not activations. ``model.checkpointing`` and ``model.inplace_act`` change it.
+* AMP copies: autocast's casts of the parameters, cached until autocast exits (checkpointed ones too).
+* transients: every op output is tracked until freed, which gives the true peak of the micro-step; the
+  transients are what that peak (or the optimizer step's: gradients plus its temporaries) holds beyond
+  gradients, AMP copies, activations and input: activation gradients in flight, recomputed segments.
+
+Parameters, gradients (1x the parameters), optimizer state (SGD 0x without momentum, 1x with; Adam and
+AdamW 2x), the input batch (the uint8 gather and its float32 copy), the splits ``data.loader=tensor``
+holds and the best weights ``fit`` copies from the second epoch on are counted from sizes. Which count
+follows what ``MemoryMonitor`` measures:
+
+* CUDA (``max_memory_allocated`` since ``start``): every component.
+* CPU (growth of the peak RSS over the RSS at ``start``, which comes after the model is built and the
+  data loaded): all but parameters and dataset, which are in the baseline.
+
+The workspace is what the runtime holds beyond live tensors. On CPU: glibc keeps freed heap pages
+resident (a probe of resnet18 at 64^3, batch 16, found 380 MiB resident beyond the live tensors at the
+first step's peak), oneDNN reorders conv operands into blocked layouts, and the first step touches
+thread pools and primitive caches. It is modelled as ``CPU_FIXED_MB`` plus ``CPU_LARGEST_COPIES`` times
+the largest activation, fitted for the least worst-case error over a 16-cell grid (``docs/benchmarks.md``:
+8%; a fixed term alone did 20%, fixed plus a fraction of the activations 16%, fixed plus a fraction of
+the other components 14%). Held-out cells: 11 of 12 within 15%; at 64^3 and batch 32, where the largest
+activation is 256 MiB, it over-predicts (resnet10 by 29%, resnet18 by 16%). The same cell measured again
+spreads by up to 8%. On CUDA the workspace is 0 (cuDNN and cuBLAS workspaces not calibrated: no GPU
+measured yet).
+
+Not modelled: ``compile=true`` (the replay is eager), DDP's gradient buckets (about 1x the parameters per
+rank), ``data.loader=dataloader`` workers, the evaluation forward (no grad, below the training peak).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import weakref
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from src.config import Config, DataConfig, Loader, OptimConfig, OptimName
+from src.data import SYNTHETIC, medmnist_info, to_input
+from src.errors import UsageError
+from src.models import build_model
+from src.models.layers import activation_gain
+from src.resolve import resolve_amp_dtype
+
+MIB = 2**20
+CPU_FIXED_MB = 85.0
+CPU_LARGEST_COPIES = 1.8
+CPU_BASELINE = ("params_mb", "data_mb")  # in the RSS at MemoryMonitor.start: not counted on CPU
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What a replayed training micro-step measures, in bytes.
+
+    ``peak`` is the most the replay's ops held at once (input, activations, AMP copies, gradients,
+    temporaries); parameters, buffers and optimizer state exist before it and are not in it.
+    """
+
+    params: int
+    buffers: int
+    largest_param: int
+    activations: int
+    largest_activation: int
+    amp_copies: int
+    peak: int
+
+
+class LiveBytes(TorchDispatchMode):
+    """Within its context, the bytes of the storages that ops create, each counted until freed, and their peak.
+
+    A storage an op receives before any op made it (a parameter, an optimizer state) existed before and
+    does not count, also when an in-place op hands it back.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = self.peak = 0
+        self._seen: weakref.WeakSet = weakref.WeakSet()
+
+    def _free(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self._seen.update(t.untyped_storage() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))
+        out = func(*args, **kwargs)
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.untyped_storage() not in self._seen:
+                storage = t.untyped_storage()
+                self._seen.add(storage)
+                self.live += storage.nbytes()
+                weakref.finalize(storage, self._free, storage.nbytes())
+        self.peak = max(self.peak, self.live)
+        return out
+
+
+def _nbytes(tensors) -> list[int]:
+    return [t.numel() * t.element_size() for t in tensors]
+
+
+def _is_weight_cast(t: torch.Tensor) -> bool:
+    """A cast of a parameter: autograd records it as ``ToCopyBackward0`` straight onto the parameter."""
+    node = t.grad_fn
+    return type(node).__name__ == "ToCopyBackward0" and isinstance(
+        getattr(node.next_functions[0][0], "variable", None), nn.Parameter
+    )
+
+
+class SavedTensors(torch.autograd.graph.saved_tensors_hooks):
+    """Within its context, the bytes of each storage autograd saves for backward, counted once.
+
+    Storages of ``exclude`` (parameters, buffers, the input) and casts of parameters are skipped. Storages
+    are told apart by ``id``, which is safe because every saved storage stays alive until backward.
+    """
+
+    def __init__(self, exclude: list[torch.Tensor]) -> None:
+        self._exclude = {id(t.untyped_storage()) for t in exclude}
+        self._saved: dict[int, int] = {}
+        super().__init__(self._pack, lambda t: t)
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if id(storage) not in self._exclude and not _is_weight_cast(t):
+            self._saved[id(storage)] = storage.nbytes()
+        return t
+
+    @property
+    def sizes(self) -> list[int]:
+        return list(self._saved.values())
+
+
+class WeightCasts(TorchDispatchMode):
+    """Within its context, the bytes of the casts made of ``params``, one per parameter (autocast caches
+    its casts of parameters until it exits, also those made inside a checkpointed segment)."""
+
+    def __init__(self, params: list[nn.Parameter]) -> None:
+        super().__init__()
+        self._params = {id(p.untyped_storage()) for p in params}
+        self._casts: dict[int, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        source = id(args[0].untyped_storage()) if func is torch.ops.aten._to_copy.default else None
+        if source in self._params:
+            self._casts[source] = out.untyped_storage().nbytes()
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self._casts.values())
+
+
+def _batch(data: DataConfig, batch_size: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """A gathered uint8 batch, its float input (``to_input``) and labels, as ``Trainer`` makes them."""
+    images = torch.empty(batch_size, data.in_channels, *[data.size] * 3, dtype=torch.uint8, device=device)
+    return images, to_input(images), torch.zeros(batch_size, dtype=torch.long, device=device)
+
+
+def footprint(cfg: Config, device: torch.device, batch_size: int) -> Footprint:
+    """Replay a training micro-step of ``cfg`` at ``batch_size`` on fake tensors of ``device``.
+
+    The saved tensors are recorded in a forward of their own: hooks that return the tensor they pack tie
+    it to its own graph node, which would keep memory alive in the replay that tracks the peak. With
+    ``accumulate > 1`` that replay runs a second micro-step, with the accumulated gradients held.
+    """
+    data = cfg.data
+    dtype = resolve_amp_dtype(cfg, device)
+    autocast = functools.partial(torch.autocast, device.type, dtype=dtype, enabled=cfg.amp and dtype != torch.float32)
+    activation_gain(cfg.model.activation)  # computed (and cached) for real: it reads a value
+    with FakeTensorMode():
+        with torch.device(device):
+            model = build_model(cfg.model, data).train()
+        _, x, labels = _batch(data, batch_size, device)
+        saved = SavedTensors([*model.parameters(), *model.buffers(), x])
+        with autocast(), saved, WeightCasts(list(model.parameters())) as casts:
+            F.cross_entropy(model(x), labels)
+        with LiveBytes() as live:
+            for _ in range(min(cfg.accumulate, 2)):
+                images, x, labels = _batch(data, batch_size, device)  # the uint8 batch stays referenced, as in training
+                with autocast():
+                    F.cross_entropy(model(x), labels).backward()
+        params = _nbytes(model.parameters())
+        return Footprint(
+            sum(params),
+            sum(_nbytes(model.buffers())),
+            max(params),
+            sum(saved.sizes),
+            max(saved.sizes),
+            casts.nbytes,
+            live.peak,
+        )
+
+
+def optimizer_state_factor(cfg: OptimConfig) -> int:
+    """Optimizer state in units of the parameters: SGD 0 without momentum, 1 with; Adam, AdamW 2."""
+    if cfg.name is OptimName.sgd:
+        return int(cfg.momentum != 0)
+    return 2
+
+
+def step_temporaries(cfg: OptimConfig, device: torch.device, fp: Footprint) -> int:
+    """Peak temporaries of ``optimizer.step()``.
+
+    CUDA runs the foreach kernels over all parameters at once: one parameter-sized list (Adam's
+    ``sqrt(v)``; SGD's weight-decayed gradients). CPU loops over parameters, so only the largest counts:
+    Adam's ``sqrt(v)`` and its quotient, plus the L2-decayed gradient; SGD's decayed and Nesterov gradients.
+    The fused kernels (``optim.fused``) update in place and need none.
+    """
+    if cfg.fused:
+        return 0
+    decay = cfg.weight_decay != 0
+    if device.type == "cuda":
+        return fp.params * (decay if cfg.name is OptimName.sgd else 1)
+    if cfg.name is OptimName.sgd:
+        return fp.largest_param * (decay + (cfg.nesterov and cfg.momentum != 0))
+    return fp.largest_param * (2 + (decay and cfg.name is OptimName.adam))
+
+
+def dataset_bytes(cfg: DataConfig) -> int:
+    """All three splits as ``data.loader=tensor`` holds them: uint8 images and int64 labels."""
+    counts = cfg.synthetic_samples if cfg.name == SYNTHETIC else medmnist_info(cfg)["n_samples"].values()
+    return sum(counts) * (cfg.in_channels * cfg.size**3 + 8)
+
+
+def input_bytes(cfg: DataConfig, batch_size: int) -> int:
+    """A training batch: the uint8 gather, its float32 copy (``to_input``) and the int64 labels."""
+    return batch_size * (5 * cfg.in_channels * cfg.size**3 + 8)
+
+
+@dataclass(frozen=True)
+class MemoryPrediction:
+    """Predicted ``mem/peak_mb`` of a run and its components, in MiB; ``total_mb`` sums what ``device`` counts.
+
+    ``params_mb`` and ``data_mb`` count on CUDA only (on CPU they are in ``MemoryMonitor``'s baseline);
+    ``data_mb`` is 0 unless ``data.loader=tensor``; ``best_weights_mb`` is the copy of the best weights
+    ``fit`` holds from the second epoch on (0 for one epoch).
+    """
+
+    device: str
+    batch_size: int
+    params_mb: float
+    data_mb: float
+    gradients_mb: float
+    optimizer_mb: float
+    amp_copies_mb: float
+    activations_mb: float
+    input_mb: float
+    best_weights_mb: float
+    transients_mb: float
+    workspace_mb: float
+    total_mb: float
+
+    def counted(self) -> dict[str, bool]:
+        """Which components ``total_mb`` includes on this device."""
+        return {
+            f.name: self.device == "cuda" or f.name not in CPU_BASELINE
+            for f in dataclasses.fields(self)
+            if f.name.endswith("_mb") and f.name != "total_mb"
+        }
+
+    def table(self) -> str:
+        """A printable breakdown; components in the baseline (not counted) are marked."""
+        rows = [f"predicted peak memory on {self.device}, batch {self.batch_size}", f"  {'component':<14} {'MiB':>10}"]
+        for name, counted in self.counted().items():
+            note = "" if counted else "  (in the CPU baseline: not counted)"
+            rows.append(f"  {name[:-3]:<14} {getattr(self, name):>10.1f}{note}")
+        rows.append(f"  {'total':<14} {self.total_mb:>10.1f}")
+        return "\n".join(rows)
+
+
+def predict(cfg: Config, device: torch.device, batch_size: int | None = None) -> MemoryPrediction:
+    """Predict ``mem/peak_mb`` of training ``cfg`` on ``device`` at ``batch_size`` (default ``cfg.batch_size``).
+
+    Raises:
+        UsageError: no batch size to predict for (``batch_size=auto`` and none given).
+    """
+    batch = batch_size or cfg.batch_size
+    if not isinstance(batch, int):
+        raise UsageError(f"batch_size={batch} has no size to predict for: give batch_size=<n>")
+    fp = footprint(cfg, device, batch)
+    batch_in = input_bytes(cfg.data, batch)
+    peak = max(fp.peak, fp.params + step_temporaries(cfg.optim, device, fp))
+    parts = {
+        "params_mb": fp.params,
+        "data_mb": dataset_bytes(cfg.data) if cfg.data.loader is Loader.tensor else 0,
+        "gradients_mb": fp.params,
+        "optimizer_mb": optimizer_state_factor(cfg.optim) * fp.params,
+        "amp_copies_mb": fp.amp_copies,
+        "activations_mb": fp.activations,
+        "input_mb": batch_in,
+        "best_weights_mb": fp.params + fp.buffers if cfg.epochs > 1 else 0,
+        "transients_mb": max(0, peak - fp.params - fp.amp_copies - fp.activations - batch_in),
+        "workspace_mb": CPU_FIXED_MB * MIB + CPU_LARGEST_COPIES * fp.largest_activation if device.type == "cpu" else 0,
+    }
+    parts = {name: value / MIB for name, value in parts.items()}
+    total = sum(value for name, value in parts.items() if device.type == "cuda" or name not in CPU_BASELINE)
+    return MemoryPrediction(device.type, batch, **parts, total_mb=total)
+
+
+def predicted_memory_metrics(cfg: Config, device: torch.device) -> Callable[[dict[str, float]], dict[str, float]]:
+    """A Trainer's epoch-metrics hook: ``mem/predicted_mb`` and ``mem/predict_ratio`` (measured peak over it)."""
+    predicted = predict(cfg, device).total_mb
+    return lambda metrics: {"mem/predicted_mb": predicted, "mem/predict_ratio": metrics["mem/peak_mb"] / predicted}

@@ -1,0 +1,1 @@
+"""``python -m src.report``: tables, figures and paired effects of a sweep's runs, from MLflow."""

@@ -1,0 +1,15 @@
+"""python -m src.report sweep=<folder | parent run id> [margin=0.01]: see :mod:`src.report.writer`."""
+
+from omegaconf import DictConfig, OmegaConf
+
+from src.cli import command
+from src.report.writer import report
+
+
+@command("report")
+def main(cfg: DictConfig) -> None:
+    report(OmegaConf.to_object(cfg))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""A config against this machine: device, compute dtype, parallel settings, registered model, split sizes.
+
+Training and the memory predictor resolve through here; every check raises :class:`UsageError` before any
+work starts.
+"""
+
+from __future__ import annotations
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from src.config import AmpDtype, Backend, Config, Device, ParallelMode
+from src.data import load_splits
+from src.errors import UsageError
+from src.models import MODELS
+
+
+def validate(cfg: DictConfig) -> tuple[Config, torch.device]:
+    """Every check that needs no data."""
+    try:
+        typed: Config = OmegaConf.to_object(cfg)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    if typed.model.name not in MODELS:
+        raise UsageError(f"model.name={typed.model.name} is not a registered model: use one of {', '.join(MODELS)}")
+    device = resolve_device(typed)
+    resolve_amp_dtype(typed, device)
+    check_parallel(typed, device)
+    return typed, device
+
+
+def check_split_sizes(cfg: Config, world: int) -> None:
+    need = cfg.batch_size * cfg.accumulate * world
+    have = len(load_splits(cfg.data)["train"][1])
+    if need > have:
+        raise UsageError(
+            f"batch_size x accumulate x ranks = {need} exceeds the {have} training samples of "
+            f"{cfg.data.name}: lower batch_size or accumulate"
+        )
+
+
+def resolve_device(cfg: Config) -> torch.device:
+    if cfg.device is Device.cuda and not torch.cuda.is_available():
+        raise UsageError("device=cuda but no CUDA device is visible: use device=auto or device=cpu")
+    if cfg.device is Device.cpu or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def cpu_has_fast_bf16() -> bool:
+    """Whether oneDNN runs bf16 convolutions natively here (avx512_bf16 / AMX); otherwise torch falls back to a
+    reference kernel ~100x slower than float32 (measured on an AVX2-only AMD EPYC: docs/benchmarks.md)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def resolve_amp_dtype(cfg: Config, device: torch.device) -> torch.dtype:
+    """``auto``: float16 on CUDA; on CPU bfloat16 where it is native, else float32 (autocast would only slow
+    the run down). float16 on CPU is refused (no fp16 units, ~50x slower)."""
+    if cfg.amp_dtype is AmpDtype.auto:
+        if device.type == "cuda":
+            return torch.float16
+        return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+    if cfg.amp_dtype is AmpDtype.float16 and device.type != "cuda":
+        raise UsageError("amp_dtype=float16 needs a CUDA device (this run is on cpu): use amp_dtype=bfloat16 or auto")
+    return getattr(torch, cfg.amp_dtype.value)
+
+
+def ddp_backend(cfg: Config, device: torch.device) -> str:
+    """``auto``: NCCL on CUDA, gloo on CPU; NCCL without CUDA is refused."""
+    if cfg.parallel.backend is Backend.auto:
+        return "nccl" if device.type == "cuda" else "gloo"
+    if cfg.parallel.backend is Backend.nccl and device.type != "cuda":
+        raise UsageError(
+            "parallel.backend=nccl needs CUDA devices (this run is on cpu): use parallel.backend=gloo or auto"
+        )
+    return cfg.parallel.backend.value
+
+
+def check_parallel(cfg: Config, device: torch.device) -> None:
+    """Parallel settings that cannot work here fail before any work starts."""
+    if cfg.parallel.mode is ParallelMode.dp and (device.type != "cuda" or torch.cuda.device_count() < 2):
+        found = torch.cuda.device_count() if device.type == "cuda" else 0
+        raise UsageError(
+            f"parallel=dp needs 2 or more visible GPUs (found {found}): use parallel=ddp, "
+            f"or parallel=none on one device"
+        )
+    if cfg.parallel.mode is ParallelMode.ddp:
+        chosen = ddp_backend(cfg, device)
+        if cfg.parallel.sync_bn and chosen != "nccl":
+            raise UsageError(
+                f"parallel.sync_bn=true needs NCCL on CUDA (SyncBatchNorm has no {chosen} CPU kernel): "
+                f"use parallel.sync_bn=false, or model.norm=group"
+            )
+        if device.type == "cuda" and (cfg.parallel.nproc or 0) > torch.cuda.device_count():
+            raise UsageError(
+                f"parallel.nproc={cfg.parallel.nproc} exceeds the {torch.cuda.device_count()} visible "
+                f"GPUs: lower parallel.nproc"
+            )

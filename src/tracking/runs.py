@@ -1,0 +1,74 @@
+"""One MLflow run, logged in batches, and the environment tags every run carries."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+import mlflow
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
+
+from src.tracking.store import PROJECT_ROOT, experiment_id
+
+BATCH_LIMIT = 100  # MLflow's log_batch cap on params and tags per call
+
+
+def environment_tags() -> dict[str, str]:
+    import torch
+
+    try:
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+            or "unknown"
+        )
+    except OSError:
+        commit = "unknown"
+    return {
+        "git_commit": commit,
+        "torch_version": torch.__version__,
+        "cuda_version": str(torch.version.cuda),
+        "host": platform.node(),
+    }
+
+
+class RunLogger:
+    """One MLflow run, logged through the client in batches (one call per epoch, not per value)."""
+
+    def __init__(self, client: mlflow.MlflowClient, run_id: str) -> None:
+        self.client, self.run_id = client, run_id
+
+    @classmethod
+    def start(
+        cls,
+        client: mlflow.MlflowClient,
+        experiment: str,
+        name: str,
+        params: dict[str, str],
+        tags: dict[str, str],
+        parent_id: str | None = None,
+    ) -> "RunLogger":
+        tags = {**tags, MLFLOW_RUN_NAME: name, **({MLFLOW_PARENT_RUN_ID: parent_id} if parent_id else {})}
+        run = client.create_run(experiment_id(client, experiment), tags=tags, run_name=name)
+        logger = cls(client, run.info.run_id)
+        items = [Param(k, v) for k, v in params.items()]
+        for i in range(0, len(items), BATCH_LIMIT):
+            client.log_batch(logger.run_id, params=items[i : i + BATCH_LIMIT])
+        return logger
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+
+    def log_artifacts(self, folder: Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifacts(self.run_id, str(folder), artifact_path)
+
+    def finish(self, status: str) -> None:
+        self.client.set_terminated(self.run_id, status)

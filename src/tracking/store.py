@@ -1,0 +1,80 @@
+"""The MLflow store: where it is, that it answers, and what it already holds."""
+
+from __future__ import annotations
+
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import mlflow
+
+from src.errors import UsageError
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_TRACKING_URI = f"sqlite:///{PROJECT_ROOT / 'mlflow.db'}"
+
+
+def tracking_uri(cfg: Any) -> str:
+    return cfg.mlflow.tracking_uri or DEFAULT_TRACKING_URI
+
+
+def ensure_store(uri: str) -> mlflow.MlflowClient:
+    """Check the store answers, creating a fresh SQLite database now (once, before any job starts)."""
+    if uri.startswith(("http://", "https://")):
+        try:
+            urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=10).close()
+        except OSError as err:
+            raise UsageError(
+                f"mlflow.tracking_uri={uri} is unreachable ({err}): start the server "
+                f"(mlflow server) or set mlflow.tracking_uri to a reachable store"
+            ) from None
+    elif uri.startswith("sqlite:///"):
+        folder = Path(uri.removeprefix("sqlite:///")).parent
+        if not folder.is_dir():
+            raise UsageError(
+                f"mlflow.tracking_uri={uri}: folder {folder} does not exist: create it "
+                f"or set mlflow.tracking_uri to another store"
+            )
+    client = mlflow.MlflowClient(uri)
+    try:
+        client.search_experiments(max_results=1)
+    except Exception as err:  # any store failure is the user's URI to fix
+        raise UsageError(
+            f"mlflow.tracking_uri={uri} cannot be used ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}): fix or change mlflow.tracking_uri"
+        ) from None
+    return client
+
+
+def experiment_id(client: mlflow.MlflowClient, name: str) -> str:
+    experiment = client.get_experiment_by_name(name)
+    return experiment.experiment_id if experiment else client.create_experiment(name)
+
+
+def store_exists(uri: str) -> bool:
+    """False only for an SQLite store whose database file is not there yet (opening it would create it)."""
+    return not uri.startswith("sqlite:///") or Path(uri.removeprefix("sqlite:///")).exists()
+
+
+def finished_run(uri: str, experiment: str, hashed: str) -> mlflow.entities.Run | None:
+    """The latest FINISHED run of ``experiment`` tagged ``config_hash=hashed``; a store not created yet has none."""
+    if not store_exists(uri):
+        return None
+    client = ensure_store(uri)
+    found = client.get_experiment_by_name(experiment)
+    done = (
+        client.search_runs(
+            [found.experiment_id],
+            max_results=1,
+            order_by=["attributes.end_time DESC"],
+            filter_string=f"tags.config_hash = '{hashed}' and attributes.status = 'FINISHED'",
+        )
+        if found
+        else []
+    )
+    return done[0] if done else None
+
+
+def best_metric(client: mlflow.MlflowClient, run_id: str, key: str) -> float:
+    """The highest value ``key`` reached in the run (the value itself for a metric logged once)."""
+    return max(metric.value for metric in client.get_metric_history(run_id, key))

@@ -1,0 +1,85 @@
+"""A sweep's parent run: opened by a Hydra callback, found by its jobs through a file in the sweep folder."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+from omegaconf import DictConfig
+
+from src.errors import UsageError
+from src.tracking.runs import RunLogger, environment_tags
+from src.tracking.store import ensure_store, tracking_uri
+
+log = logging.getLogger(__name__)
+
+PARENT_ID_FILE = "mlflow_parent_run_id"
+SKIPPED_TAG = "skipped."  # on a sweep's parent run: skipped.<job number> = "<overrides> -> <finished run id>"
+
+
+def read_parent_id(sweep_dir: Path) -> str | None:
+    path = sweep_dir / PARENT_ID_FILE
+    return path.read_text().strip() if path.exists() else None
+
+
+def job_parent_id() -> str | None:
+    """The parent run of the sweep this Hydra job belongs to; None outside a multirun."""
+    hydra_cfg = HydraConfig.get()
+    return read_parent_id(Path(hydra_cfg.sweep.dir)) if hydra_cfg.mode is RunMode.MULTIRUN else None
+
+
+def fail_parent_run(cfg: DictConfig) -> None:
+    """A failed job of a sweep marks the sweep's parent run FAILED (its own run is already closed)."""
+    if parent_id := job_parent_id():
+        mlflow.MlflowClient(tracking_uri(cfg)).set_terminated(parent_id, "FAILED")
+
+
+class SweepParentRun(Callback):
+    """Hydra callback: one parent MLflow run per multirun, closed whatever happens to the jobs.
+
+    Hydra skips ``on_multirun_end`` when a job raises, so an ``atexit`` hook closes the parent FAILED
+    then; a job that fails also marks it FAILED itself (its process may be a launcher's worker).
+    """
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        uri = tracking_uri(config)
+        try:
+            client = ensure_store(uri)
+        except UsageError as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
+        sweep_dir = Path(config.hydra.sweep.dir)
+        overrides = " ".join(config.hydra.overrides.task)
+        name = f"sweep {sweep_dir.name} {overrides}"[:250].rstrip()
+        self.parent = RunLogger.start(
+            client,
+            config.mlflow.experiment,
+            name,
+            params={},
+            tags={"sweep_dir": str(sweep_dir.resolve()), "overrides": overrides, "role": "sweep", **environment_tags()},
+        )
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        (sweep_dir / PARENT_ID_FILE).write_text(self.parent.run_id)
+        atexit.register(self._close, "FAILED")
+        log.info("MLflow parent run %s (%s)", self.parent.run_id, uri)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        atexit.unregister(self._close)
+        children = self.parent.client.search_runs(
+            [self.parent.client.get_run(self.parent.run_id).info.experiment_id],
+            filter_string=f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{self.parent.run_id}'",
+        )
+        failed = any(run.info.status != "FINISHED" and run.data.tags.get("retried") != "true" for run in children)
+        self._close("FAILED" if failed else "FINISHED")
+
+    def _close(self, status: str) -> None:
+        if self.parent.client.get_run(self.parent.run_id).info.status == "RUNNING" or status == "FAILED":
+            self.parent.finish(status)

@@ -1,0 +1,87 @@
+"""What a Trainer steps with: precision (autocast and gradient scaler), optimizer, LR schedule, class weights."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import torch
+
+from src.config import OptimConfig, OptimName, SchedConfig, SchedName
+from src.errors import UsageError
+
+
+@dataclass
+class Precision:
+    """Autocast context and gradient scaler built once, so the loop has no ``if amp`` branches."""
+
+    autocast: Callable[[], contextlib.AbstractContextManager]
+    scaler: torch.amp.GradScaler
+
+    @classmethod
+    def build(cls, enabled: bool, dtype: torch.dtype, device: torch.device) -> "Precision":
+        enabled = enabled and dtype != torch.float32
+        return cls(
+            lambda: torch.autocast(device.type, dtype=dtype, enabled=enabled),
+            torch.amp.GradScaler(device.type, enabled=enabled and dtype == torch.float16),
+        )
+
+
+def build_optimizer(cfg: OptimConfig, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    if cfg.name is OptimName.sgd:
+        return torch.optim.SGD(
+            params,
+            lr=cfg.lr,
+            momentum=cfg.momentum,
+            nesterov=cfg.nesterov,
+            weight_decay=cfg.weight_decay,
+            fused=cfg.fused,
+        )
+    optimizer = torch.optim.AdamW if cfg.name is OptimName.adamw else torch.optim.Adam
+    return optimizer(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, fused=cfg.fused)
+
+
+def build_scheduler(
+    cfg: SchedConfig, optimizer: torch.optim.Optimizer, epochs: int, steps_per_epoch: int, warmup_epochs: int = 0
+) -> tuple[torch.optim.lr_scheduler.LRScheduler | None, bool]:
+    """The schedule and whether it steps per optimizer step (cyclic) rather than per epoch. ``warmup_epochs``
+    multiplies the learning rate by a factor rising linearly from 0.1 to 1 over those epochs (per-epoch
+    schedules only)."""
+    scheduler, per_step = epoch_schedule(cfg, optimizer, epochs, steps_per_epoch)
+    if not warmup_epochs:
+        return scheduler, per_step
+    if per_step:
+        raise UsageError(
+            f"warmup_epochs={warmup_epochs} with sched={cfg.name.value}, which steps per optimizer "
+            f"step: use warmup_epochs=0 or a per-epoch schedule"
+        )
+    warmup = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.1, total_iters=warmup_epochs)
+    return torch.optim.lr_scheduler.ChainedScheduler([warmup, *([scheduler] if scheduler else [])]), False
+
+
+def epoch_schedule(
+    cfg: SchedConfig, optimizer: torch.optim.Optimizer, epochs: int, steps_per_epoch: int
+) -> tuple[torch.optim.lr_scheduler.LRScheduler | None, bool]:
+    if cfg.name is SchedName.multistep:
+        milestones = sorted({max(1, round(f * epochs)) for f in cfg.milestones})
+        return torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones, gamma=cfg.gamma), False
+    if cfg.name is SchedName.cosine:
+        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs, eta_min=cfg.min_lr), False
+    if cfg.name is SchedName.cyclic:
+        max_lr = optimizer.param_groups[0]["lr"]
+        up = max(1, round(cfg.cycle_epochs * steps_per_epoch / 2))
+        return torch.optim.lr_scheduler.CyclicLR(
+            optimizer,
+            base_lr=cfg.base_lr,
+            max_lr=max_lr,
+            step_size_up=up,
+            cycle_momentum="momentum" in optimizer.defaults,
+        ), True
+    return None, False
+
+
+def class_weights(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """``n / (classes x n_c)`` per class (scikit-learn's "balanced"); a class absent from ``labels`` weighs 0."""
+    counts = torch.bincount(labels.cpu(), minlength=num_classes).double()
+    return torch.where(counts > 0, len(labels) / (num_classes * counts.clamp(min=1)), 0.0).float()

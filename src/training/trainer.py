@@ -1,0 +1,339 @@
+"""The Trainer of one rank: the train step, epochs, evaluation, fit, and its state for checkpoints."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import itertools
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable, NoReturn
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from src.config import Config
+from src.data import to_input, train_labels
+from src.parallel.dist import Rank, all_reduce, gather
+from src.parallel.preemption import Preempted, Preemption
+from src.resolve import resolve_amp_dtype
+from src.training import checkpoint
+from src.training.augment import Augment, step_generator
+from src.training.meters import MemoryMonitor, ThroughputMeter
+from src.training.metrics import clinical_metrics, medmnist_metrics
+from src.training.optim import Precision, build_optimizer, build_scheduler, class_weights
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Hooks:
+    """What a caller attaches to a :class:`Trainer`: where checkpoints go (main rank), the stop signal to honour,
+    ``after_step`` callables given the optimizer steps done so far (fault injection), and ``epoch_metrics``
+    callables that add to an epoch's training metrics (MFU, predicted memory)."""
+
+    checkpoint_to: Path | None = None
+    checkpoint_meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    preemption: Preemption = dataclasses.field(default_factory=Preemption)  # never installed: never requested
+    after_step: tuple[Callable[[int], None], ...] = ()
+    epoch_metrics: tuple[Callable[[dict[str, float]], dict[str, float]], ...] = ()
+
+
+class Trainer:
+    """Owns the model, optimizer, schedule and precision of one rank; ``fit`` trains, validates and tests.
+
+    ``model`` is what trains (maybe compiled, maybe wrapped in DDP or DataParallel); ``raw_model`` the module
+    underneath, which the main rank evaluates and checkpoints. With ``hooks.checkpoint_to`` each epoch is saved
+    with ``hooks.checkpoint_meta`` before its metrics are logged; a requested ``hooks.preemption`` saves the
+    exact step and raises :class:`Preempted`. :meth:`load_state_dict` continues from a checkpoint, bitwise as if
+    never stopped on CPU.
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        model: torch.nn.Module,
+        loaders: dict,
+        device: torch.device,
+        rank: Rank = Rank(),
+        hooks: Hooks | None = None,
+    ) -> None:
+        self.cfg, self.model, self.loaders, self.device, self.rank = cfg, model, loaders, device, rank
+        self.raw_model = checkpoint.unwrap(model)
+        self.hooks = hooks or Hooks()
+        self.epoch, self.step = 0, 0  # the next optimizer step: epoch, and step within it
+        self.running: dict[str, list[float]] | None = None  # resumed mid-epoch: every rank's sums so far
+        self.best_auc, self.best_state, self.best_epoch = -math.inf, None, 0  # best_epoch: epochs trained then
+        self.test_predictions: tuple[np.ndarray, np.ndarray] | None = None  # labels and scores of the test split
+        self.last_metrics: dict[str, float] | None = None  # the last finished epoch's
+        self.elapsed_s, self._start = 0.0, time.perf_counter()
+        self.memory_format = torch.channels_last_3d if cfg.channels_last else torch.contiguous_format
+        self.precision = Precision.build(cfg.amp, resolve_amp_dtype(cfg, device), device)
+        self.optimizer = build_optimizer(cfg.optim, model.parameters())
+        micro = len(loaders["train"]) if cfg.limit_batches is None else min(cfg.limit_batches, len(loaders["train"]))
+        self.steps_per_epoch = max(1, micro // cfg.accumulate)
+        self.scheduler, self.sched_per_step = build_scheduler(
+            cfg.sched, self.optimizer, cfg.epochs, self.steps_per_epoch, cfg.warmup_epochs
+        )
+        weight = class_weights(train_labels(loaders["train"]), cfg.data.num_classes) if cfg.class_weights else None
+        self.loss_weight = None if weight is None else weight.to(device)
+        self.augment = Augment(cfg.aug)
+        self.meter = ThroughputMeter(device)
+        self.memory = MemoryMonitor(device)
+
+    def _batch(
+        self, batch: tuple[torch.Tensor, torch.Tensor], generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A loader batch on the device as model input; augmented (training) when given the step's generator."""
+        images, labels = (t.to(self.device, non_blocking=self.cfg.non_blocking) for t in batch)
+        images = to_input(images)
+        if generator is not None:
+            images = self.augment(images, generator)
+        return images.contiguous(memory_format=self.memory_format), labels
+
+    def _train_batch(
+        self, batch: tuple[torch.Tensor, torch.Tensor], epoch: int, micro_step: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The augmentation stream is a pure function of (seed, epoch, micro-step, rank): reruns and resumed
+        runs draw the same transforms with no state to save."""
+        if not self.augment.enabled:
+            return self._batch(batch)
+        generator = step_generator(self.device, self.cfg.seed, epoch, micro_step, self.rank.rank)
+        return self._batch(batch, generator)
+
+    def _micro_step(
+        self, images: torch.Tensor, labels: torch.Tensor, sync: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward and backward of one micro-batch; returns its detached loss and correct count.
+
+        ``sync=False`` (a non-final micro-step of an accumulation) skips DDP's gradient all-reduce.
+        """
+        no_sync = not sync and isinstance(self.model, DistributedDataParallel)
+        with self.model.no_sync() if no_sync else contextlib.nullcontext(), self.precision.autocast():
+            logits = self.model(images)
+            loss = F.cross_entropy(logits, labels, weight=self.loss_weight, label_smoothing=self.cfg.label_smoothing)
+            self.precision.scaler.scale(loss / self.cfg.accumulate).backward()
+        return loss.detach(), (logits.argmax(1) == labels).sum()
+
+    def _optimizer_step(self) -> None:
+        scaler = self.precision.scaler
+        if self.cfg.grad_clip is not None:
+            scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        scaler.step(self.optimizer)
+        scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.sched_per_step:
+            self.scheduler.step()
+
+    def train_epoch(self, epoch: int) -> dict[str, float]:
+        """One epoch from step :attr:`step` (0 unless resumed mid-epoch: the order is a pure function of the
+        seed and the epoch, so the batches already trained on are skipped, and the running sums restored)."""
+        cfg, loader, first = self.cfg, self.loaders["train"], self.step
+        self.model.train()
+        loader.sampler.set_epoch(epoch)
+        batches = itertools.islice(iter(loader), first * cfg.accumulate, None)
+        running = self.running or {"loss": [0.0] * self.rank.world, "correct": [0] * self.rank.world}
+        loss_sum = torch.tensor(running["loss"][self.rank.rank], dtype=torch.float32, device=self.device)
+        correct = torch.tensor(int(running["correct"][self.rank.rank]), dtype=torch.long, device=self.device)
+        samples_per_step = cfg.batch_size * cfg.accumulate
+        self.meter.start_epoch(self.steps_per_epoch - first)
+        bar = tqdm(
+            range(first, self.steps_per_epoch), desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=None, leave=False
+        )
+        for step in bar:
+            if self._stop_requested(step):
+                self._preempt(epoch, step, loss_sum, correct)
+            for micro in range(cfg.accumulate):
+                waited = time.perf_counter()  # fetching, converting and augmenting the batch
+                images, labels = self._train_batch(next(batches), epoch, step * cfg.accumulate + micro)
+                self.meter.data_wait(time.perf_counter() - waited)
+                loss, hits = self._micro_step(images, labels, sync=micro == cfg.accumulate - 1)
+                loss_sum += loss
+                correct += hits
+            self._optimizer_step()
+            self.meter.step_done(samples_per_step)
+            for hook in self.hooks.after_step:
+                hook(epoch * self.steps_per_epoch + step + 1)
+            if (step + 1) % cfg.log_every == 0:  # the only host sync inside the epoch
+                bar.set_postfix(loss=f"{loss.item():.4f}")
+        if self.scheduler is not None and not self.sched_per_step:
+            self.scheduler.step()
+        self.step, self.running = 0, None
+        return self._epoch_metrics(loss_sum, correct)
+
+    def _stop_requested(self, step: int) -> bool:
+        """Whether to stop before ``step``. One process: its signal flag, a Python bool (no device sync).
+        Several ranks must stop at the same step: they agree (one MAX all-reduce) at the steps after a log
+        step and at the first step of each epoch, where the host syncs anyway."""
+        if self.rank.world == 1:
+            return self.hooks.preemption.requested
+        if step % self.cfg.log_every and step != self.step:
+            return False
+        flag = torch.tensor(float(self.hooks.preemption.requested), device=self.device)
+        return bool(all_reduce({"stop": flag}, dist.ReduceOp.MAX)["stop"].item())
+
+    def _preempt(self, epoch: int, step: int, loss_sum: torch.Tensor, correct: torch.Tensor) -> NoReturn:
+        """Checkpoint the exact position (every rank's running sums gathered to the main rank), then stop."""
+        self.epoch, self.step = epoch, step
+        self.running = {"loss": gather(loss_sum.item(), self.device), "correct": gather(correct.item(), self.device)}
+        self._save()
+        raise Preempted(
+            f"stopped at epoch {epoch + 1} step {step}/{self.steps_per_epoch}"
+            + (f", checkpoint {self.hooks.checkpoint_to}" if self.hooks.checkpoint_to else "")
+        )
+
+    def _epoch_metrics(self, loss_sum: torch.Tensor, correct: torch.Tensor) -> dict[str, float]:
+        """Training metrics over all ranks: mean loss and accuracy, summed throughput, slowest step, max memory."""
+        micro_steps = self.steps_per_epoch * self.cfg.accumulate * self.rank.world
+        perf, memory = self.meter.end_epoch(), self.memory.peak()
+        sums = all_reduce(
+            {
+                "loss": loss_sum,
+                "correct": correct.double(),
+                "perf/samples_per_s": torch.tensor(perf["perf/samples_per_s"], device=self.device),
+            },
+            dist.ReduceOp.SUM,
+        )
+        maxima = all_reduce(
+            {
+                k: torch.tensor(v, device=self.device)
+                for k, v in {**perf, **memory}.items()
+                if k != "perf/samples_per_s"
+            },
+            dist.ReduceOp.MAX,
+        )
+        metrics = {
+            "train/loss": sums["loss"].item() / micro_steps,
+            "train/acc": sums["correct"].item() / (micro_steps * self.cfg.batch_size),
+            "perf/samples_per_s": sums["perf/samples_per_s"].item(),
+            **{k: v.item() for k, v in maxima.items()},
+        }
+        for extra in self.hooks.epoch_metrics:
+            metrics.update(extra(metrics))
+        if self.rank.world > 1:
+            per_rank = gather(memory["mem/peak_mb"], self.device)
+            metrics.update({f"mem/peak_mb/rank{k}": v for k, v in enumerate(per_rank)})
+        return metrics
+
+    @torch.no_grad()
+    def predict(self, split: str) -> tuple[float, np.ndarray, np.ndarray]:
+        """Mean cross-entropy, labels and softmax scores on ``split`` (at most ``limit_batches`` batches)."""
+        self.raw_model.eval()
+        loss_sum, scores, labels = torch.zeros((), device=self.device), [], []
+        for i, batch in enumerate(self.loaders[split]):
+            if self.cfg.limit_batches is not None and i == self.cfg.limit_batches:
+                break
+            images, target = self._batch(batch)
+            with self.precision.autocast():
+                logits = self.raw_model(images)
+            loss_sum += F.cross_entropy(logits.float(), target, reduction="sum")
+            scores.append(logits.float().softmax(1))
+            labels.append(target)
+        scores, labels = torch.cat(scores).cpu().numpy(), torch.cat(labels).cpu().numpy()
+        return loss_sum.item() / len(labels), labels, scores
+
+    def evaluate(self, split: str) -> dict[str, float]:
+        """Loss, the MedMNIST protocol's ACC and AUC, and :func:`src.training.metrics.clinical_metrics` on ``split``;
+        the test split's labels and scores are kept in :attr:`test_predictions`."""
+        loss, labels, scores = self.predict(split)
+        if split == "test":
+            self.test_predictions = labels, scores
+        task = self.cfg.data.task
+        metrics = {"loss": loss, **medmnist_metrics(labels, scores, task), **clinical_metrics(labels, scores, task)}
+        return {f"{split}/{k}": v for k, v in metrics.items()}
+
+    def fit(self, log_metrics: Callable[[dict[str, float], int], None]) -> dict[str, float]:
+        """Train from :attr:`epoch` to ``epochs``, validating each; test the weights with the best validation AUC.
+
+        Each epoch is checkpointed before its metrics are logged, so a crash in between loses none (the
+        checkpoint holds them: see :attr:`last_metrics`). Only the main rank validates, tests, logs and
+        returns metrics; the others return ``{}``.
+        """
+        self._start = time.perf_counter() - self.elapsed_s
+        self.memory.start()
+        for epoch in range(self.epoch, self.cfg.epochs):
+            if self._patience_exhausted():
+                break
+            metrics = self.train_epoch(epoch)
+            self.epoch = epoch + 1
+            if not self.rank.is_main:
+                continue
+            metrics.update(self.evaluate("val"))
+            if self.best_state is None or metrics["val/auc"] > self.best_auc:
+                self.best_auc, self.best_state = metrics["val/auc"], copy.deepcopy(self.raw_model.state_dict())
+                self.best_epoch = self.epoch
+            self.last_metrics = metrics
+            self._save()
+            log_metrics(metrics, epoch)
+            log.info("epoch %d/%d %s", epoch + 1, self.cfg.epochs, " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+        if not self.rank.is_main:
+            return {}
+        self.raw_model.load_state_dict(self.best_state)
+        test = self.evaluate("test")
+        del test["test/loss"]
+        final = {
+            **test,
+            "model/params": float(sum(p.numel() for p in self.raw_model.parameters() if p.requires_grad)),
+            "time/total_s": time.perf_counter() - self._start,
+            "stopped_epoch": float(self.epoch),
+            "best_epoch": float(self.best_epoch),
+        }
+        log_metrics(final, self.cfg.epochs)
+        return final
+
+    def _patience_exhausted(self) -> bool:
+        """Early stopping: ``early_stop_patience`` epochs trained since the best validation AUC."""
+        patience = self.cfg.early_stop_patience
+        stop = patience is not None and self.best_state is not None and self.epoch - self.best_epoch >= patience
+        if stop and self.rank.is_main:
+            log.info(
+                "early stop after epoch %d: no better val/auc for %d epochs (best at epoch %d)",
+                self.epoch,
+                patience,
+                self.best_epoch,
+            )
+        return stop
+
+    def _save(self) -> None:
+        if self.hooks.checkpoint_to is not None:
+            checkpoint.save({**self.hooks.checkpoint_meta, **self.state_dict()}, self.hooks.checkpoint_to)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything that carries over to the next step, as tensors and plain values (``weights_only`` safe)."""
+        return {
+            "model": self.raw_model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.precision.scaler.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "rng": checkpoint.rng_state(),
+            "epoch": self.epoch,
+            "step": self.step,
+            "running": self.running,
+            "best_auc": self.best_auc,
+            "best_state": self.best_state,
+            "best_epoch": self.best_epoch,
+            "last_metrics": self.last_metrics,
+            "elapsed_s": time.perf_counter() - self._start,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict` (every rank loads the main rank's checkpoint)."""
+        self.raw_model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.precision.scaler.load_state_dict(state["scaler"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        checkpoint.set_rng_state(state["rng"])
+        self.epoch, self.step, self.running = state["epoch"], state["step"], state["running"]
+        self.best_auc, self.best_state = state["best_auc"], state["best_state"]
+        self.best_epoch = state.get("best_epoch", self.epoch)  # checkpoints before early stopping lack it
+        self.last_metrics = state["last_metrics"]
+        self.elapsed_s = state["elapsed_s"]

@@ -17,7 +17,6 @@ from omegaconf import DictConfig
 from src.cli import command
 from src.config import Config, ParallelMode
 from src.data import ensure_file
-from src.errors import UsageError
 from src.jobs import outcome
 from src.jobs import resume as resumption
 from src.jobs.plan import Plan, plan_job, sized
@@ -25,8 +24,7 @@ from src.jobs.rank import Job, run_rank, spawned_rank
 from src.parallel import dist
 from src.parallel.launch import job_gpus, spawn_ranks
 from src.parallel.preemption import EXIT_PREEMPTED, Preempted, PreemptedExit, Preemption
-from src.parallel.ranks import data_parallel_width
-from src.perf.memory import predict
+from src.parallel.ranks import job_world
 from src.resolve import check_split_sizes
 from src.tracking.runs import RunLogger, environment_tags
 from src.tracking.store import best_metric, ensure_store
@@ -52,47 +50,20 @@ def train(cfg: DictConfig) -> float:
     if external is not None and not external.is_main:  # torchrun / SLURM rank > 0: train, log nothing
         with preemption.installed():
             try:
-                run_rank(
-                    Job(plan.cfg, plan.device.type, None, plan.tracking_uri, plan.output_dir, plan.log_file),
-                    external,
-                    preemption=preemption,
-                )
+                run_rank(Job.of(plan, plan.cfg), external, preemption=preemption)
             except Preempted:
                 raise PreemptedExit(EXIT_PREEMPTED) from None
         return float("nan")
     client = ensure_store(plan.tracking_uri)
     ensure_file(plan.cfg.data)
     with job_gpus(HydraConfig.get()) if plan.device.type == "cuda" else contextlib.nullcontext(()) as gpus:
-        world = (
-            external.world
-            if external
-            else dist.world_size(plan.cfg, gpus)
-            if ddp
-            else data_parallel_width(plan.cfg, gpus)
-        )
+        world = external.world if external else job_world(plan.cfg, gpus)
         first, tags = sized(plan, world)
         check_split_sizes(first, world)
         resume = plan.resume
         for attempt in outcome.attempts(first):
             run = resumption.reopen(client, resume) if resume else start_run(plan, attempt, world, client, tags)
-            meta = {
-                "run_id": run.run_id,
-                "config": plan.stored,
-                "batch_size": attempt.batch_size,
-                "accumulate": attempt.accumulate,
-                "world": world,
-            }
-            job = Job(
-                attempt,
-                plan.device.type,
-                run.run_id,
-                plan.tracking_uri,
-                plan.output_dir,
-                plan.log_file,
-                gpus,
-                resume.path if resume else None,
-                meta,
-            )
+            job = Job.of(plan, attempt, run.run_id, world, gpus, resume)
             log.info("MLflow run %s in %s; output %s", run.run_id, plan.tracking_uri, plan.output_dir)
             try:
                 with preemption.installed():
@@ -105,18 +76,10 @@ def train(cfg: DictConfig) -> float:
                 break
             except Preempted as stop:
                 outcome.stop_preempted(run, stop, preemption)
-            except BaseException:
-                oom = outcome.read_oom(plan.output_dir)
-                if oom is None:
-                    run.finish("KILLED" if sys.exc_info()[0] is KeyboardInterrupt else "FAILED")
-                    raise
-                message = outcome.record_oom(run, attempt, oom, predict(attempt, plan.device).total_mb)
-                if not (attempt.oom_retry and attempt.batch_size > 1) and plan.multirun:
-                    log.error("%s: run %s FAILED (status=oom); the sweep goes on", message, run.run_id)
+            except BaseException as error:
+                if not outcome.failed(run, attempt, plan, error):  # out of memory in a sweep: it goes on
                     return float("nan")
-                if not (attempt.oom_retry and attempt.batch_size > 1):
-                    raise UsageError(f"{message}: lower batch_size, or set oom_retry=true") from None
-                resume, tags = None, {**tags, "retry_of": run.run_id}
+                resume, tags = None, {**tags, "retry_of": run.run_id}  # out of memory: half the micro-batch
     run.finish("FINISHED")
     log.info("test/acc=%.4f test/auc=%.4f in %.1f s", final["test/acc"], final["test/auc"], final["time/total_s"])
     return best_metric(client, run.run_id, plan.cfg.objective)

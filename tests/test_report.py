@@ -29,7 +29,8 @@ from src.report.analysis import (
     swept_columns,
     verdict,
 )
-from src.report.writer import METRICS, Selection, report, write_report
+from src.report.runs import METRICS, Selection
+from src.report.writer import report, write_report
 from src.tracking.store import ensure_store
 from src.tracking.sweep import PARENT_ID_FILE
 from tests.helpers import ROOT, run_cli, runs

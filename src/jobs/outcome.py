@@ -12,8 +12,10 @@ from typing import Iterator, NoReturn
 import mlflow
 
 from src.config import Config
+from src.errors import UsageError
 from src.jobs.plan import Plan
 from src.parallel.preemption import EXIT_PREEMPTED, Preempted, PreemptedExit, Preemption
+from src.perf.memory import predict
 from src.tracking.runs import RunLogger
 from src.tracking.store import best_metric
 from src.tracking.sweep import SKIPPED_TAG, job_parent_id
@@ -59,16 +61,26 @@ def read_oom(output_dir: Path) -> dict[str, float] | None:
     return {"mem/peak_mb": max(peaks)}
 
 
-def record_oom(run: RunLogger, cfg: Config, oom: dict[str, float], predicted_mb: float) -> str:
-    """The run ends FAILED, tagged ``status=oom`` and whether it is retried; returns the message to report."""
+def failed(run: RunLogger, cfg: Config, plan: Plan, error: BaseException) -> bool:
+    """Close the run of a failed attempt. Out of memory: FAILED, tagged ``status=oom`` and whether it is retried;
+    True to retry (``oom_retry``), False in a sweep (it goes on), a :class:`UsageError` for a single run. Any other
+    error: FAILED (KILLED on Ctrl-C), and raised again."""
+    oom = read_oom(plan.output_dir)
+    if oom is None:
+        run.finish("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+        raise error
     retry = cfg.oom_retry and cfg.batch_size > 1
     run.set_tags({"status": "oom", "retried": str(retry).lower()})
-    run.log_metrics({**oom, "mem/predicted_mb": predicted_mb}, step=0)
+    run.log_metrics({**oom, "mem/predicted_mb": predict(cfg, plan.device).total_mb}, step=0)
     run.finish("FAILED")
     message = f"out of memory at batch_size={cfg.batch_size} (peak {oom['mem/peak_mb']:.0f} MiB)"
     if retry:
         log.warning("%s: retrying with batch_size=%d accumulate=%d", message, cfg.batch_size // 2, cfg.accumulate * 2)
-    return message
+    elif plan.multirun:
+        log.error("%s: run %s FAILED (status=oom); the sweep goes on", message, run.run_id)
+    else:
+        raise UsageError(f"{message}: lower batch_size, or set oom_retry=true") from None
+    return retry
 
 
 def stop_preempted(run: RunLogger, stop: Preempted, preemption: Preemption) -> NoReturn:

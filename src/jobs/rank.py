@@ -17,6 +17,8 @@ import torch
 
 from src import config as schema
 from src.jobs import resume as resumption
+from src.jobs.plan import Plan
+from src.jobs.resume import Resume
 from src.parallel import dist
 from src.parallel.launch import METRICS_FILE
 from src.parallel.preemption import Preempted, Preemption
@@ -46,6 +48,36 @@ class Job:
     gpus: tuple[int, ...] = ()  # devices of an in-process rank; spawned ranks use cuda:<local rank>
     resume_from: Path | None = None  # the checkpoint every rank loads before training
     checkpoint_meta: dict = dataclasses.field(default_factory=dict)  # saved with each checkpoint (run id, config)
+
+    @classmethod
+    def of(
+        cls,
+        plan: Plan,
+        cfg: schema.Config,
+        run_id: str | None = None,
+        world: int = 1,
+        gpus: tuple[int, ...] = (),
+        resume: Resume | None = None,
+    ) -> "Job":
+        """The job of ``plan`` training ``cfg`` into run ``run_id`` on ``world`` ranks."""
+        meta = {
+            "run_id": run_id,
+            "config": plan.stored,
+            "batch_size": cfg.batch_size,
+            "accumulate": cfg.accumulate,
+            "world": world,
+        }
+        return cls(
+            cfg,
+            plan.device.type,
+            run_id,
+            plan.tracking_uri,
+            plan.output_dir,
+            plan.log_file,
+            gpus,
+            resume.path if resume else None,
+            meta,
+        )
 
 
 def run_rank(

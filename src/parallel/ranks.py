@@ -41,6 +41,11 @@ def wrap(
     return model
 
 
+def job_world(cfg: schema.Config, gpus: tuple[int, ...]) -> int:
+    """The devices a job's effective batch spreads over: ``parallel=ddp``'s ranks, ``parallel=dp``'s GPUs, else 1."""
+    return dist.world_size(cfg, gpus) if cfg.parallel.mode is ParallelMode.ddp else data_parallel_width(cfg, gpus)
+
+
 def data_parallel_width(cfg: schema.Config, gpus: tuple[int, ...]) -> int:
     """How many devices share one loader batch: the GPUs of ``parallel=dp``, else 1."""
     return len(gpus) if cfg.parallel.mode is ParallelMode.dp else 1

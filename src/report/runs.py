@@ -1,0 +1,123 @@
+"""The runs a report covers, read from MLflow: a sweep folder's or parent run's children, or an experiment; each
+run's params and metrics as one row (``val/*`` at the best epoch, samples/s averaged over epochs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+from mlflow.entities import Run
+from mlflow.exceptions import MlflowException
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+
+from src.config import ReportConfig
+from src.errors import UsageError
+from src.report.analysis import AUC, MEMORY, THROUGHPUT
+from src.tracking.sweep import PARENT_ID_FILE, read_parent_id
+
+METRICS = ["test/acc", AUC, "val/acc", "val/auc", THROUGHPUT, MEMORY, "mem/predicted_mb"]
+BEST_EPOCH = ("val/auc", "val/acc")  # read at the epoch with the best val/auc
+MEAN_OVER_EPOCHS = (THROUGHPUT,)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The runs to report, what they are called, the parent run to log to (if any) and the default folder."""
+
+    label: str
+    runs: list[Run]
+    parent_id: str | None
+    out: Path
+
+
+def search_all(client: mlflow.MlflowClient, experiment_id: str, filter_string: str = "") -> list[Run]:
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], filter_string, max_results=1000, page_token=token)
+        runs += page
+        token = page.token
+        if not token:
+            return runs
+
+
+def parent_run(client: mlflow.MlflowClient, run_id: str, selector: str, uri: str) -> Run:
+    try:
+        return client.get_run(run_id)
+    except MlflowException:
+        raise UsageError(
+            f"{selector}: run {run_id} is not in {uri}: set mlflow.tracking_uri to the store the sweep logged to"
+        ) from None
+
+
+def select(cfg: ReportConfig, client: mlflow.MlflowClient, uri: str) -> Selection:
+    """The runs of ``sweep``, ``parent`` or ``mlflow.experiment``; ``UsageError`` naming a bad one."""
+    if cfg.mlflow.experiment is not None:
+        experiment = client.get_experiment_by_name(cfg.mlflow.experiment)
+        if experiment is None:
+            names = ", ".join(e.name for e in client.search_experiments())
+            raise UsageError(f"mlflow.experiment={cfg.mlflow.experiment} is not in {uri}: use one of {names}")
+        runs = [r for r in search_all(client, experiment.experiment_id) if r.data.tags.get("role") != "sweep"]
+        return Selection(f"experiment {experiment.name}", runs, None, Path("reports") / experiment.name)
+    selector = f"sweep={cfg.sweep}" if cfg.sweep is not None else f"parent={cfg.parent}"
+    if cfg.sweep is not None:
+        folder = Path(cfg.sweep).expanduser()
+        if not folder.is_dir():
+            raise UsageError(f"{selector}: no such folder: give a sweep folder (sweeps/<date>/<time>)")
+        run_id = read_parent_id(folder)
+        if run_id is None:
+            raise UsageError(
+                f"{selector} has no {PARENT_ID_FILE} file: give the folder of a "
+                f"python -m src.train -m sweep, or parent=<run id>"
+            )
+        parent = parent_run(client, run_id, selector, uri)
+        out = folder / "report"
+    else:
+        parent = parent_run(client, cfg.parent, selector, uri)
+        sweep_dir = Path(parent.data.tags.get("sweep_dir", "/nonexistent"))
+        out = sweep_dir / "report" if sweep_dir.is_dir() else Path("reports") / parent.info.run_id
+    children = search_all(client, parent.info.experiment_id, f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{parent.info.run_id}'")
+    if not children:
+        raise UsageError(
+            f"{selector}: run {parent.info.run_id} has no child runs: give a sweep's parent run (tag role=sweep)"
+        )
+    return Selection(
+        f"sweep {parent.data.tags.get('sweep_dir', parent.info.run_id)}", children, parent.info.run_id, out
+    )
+
+
+def status(run: Run) -> str:
+    """``FINISHED``, ``FAILED``, ``FAILED (oom, retried)`` ..."""
+    tags = run.data.tags
+    notes = [tags["status"]] if "status" in tags else []
+    notes += ["retried"] if tags.get("retried") == "true" else []
+    return f"{run.info.status} ({', '.join(notes)})" if notes else run.info.status
+
+
+def run_metrics(client: mlflow.MlflowClient, run: Run) -> dict[str, float]:
+    """:data:`METRICS` of one run as defined in the module docstring (histories only for finished runs)."""
+    metrics = {key: run.data.metrics.get(key, float("nan")) for key in METRICS}
+    if run.info.status != "FINISHED":
+        return metrics
+    history = {
+        key: {m.step: m.value for m in client.get_metric_history(run.info.run_id, key)}
+        for key in (*BEST_EPOCH, *MEAN_OVER_EPOCHS)
+    }
+    auc = history[BEST_EPOCH[0]]
+    if auc:
+        best = min(auc, key=lambda step: (-auc[step], step))  # the first best epoch, as fit keeps it
+        metrics.update({key: history[key].get(best, float("nan")) for key in BEST_EPOCH})
+    for key in MEAN_OVER_EPOCHS:
+        if history[key]:
+            metrics[key] = sum(history[key].values()) / len(history[key])
+    return metrics
+
+
+def run_frame(client: mlflow.MlflowClient, runs: list[Run]) -> pd.DataFrame:
+    """One row per run: ``run_id``, ``status``, every param (string, ``""`` when a run lacks it), :data:`METRICS`."""
+    rows = [{"run_id": r.info.run_id, "status": status(r), **r.data.params, **run_metrics(client, r)} for r in runs]
+    frame = pd.DataFrame(rows)
+    params = [c for c in frame.columns if c not in ("run_id", "status", *METRICS)]
+    frame[params] = frame[params].fillna("").astype(str)
+    return frame

@@ -72,13 +72,13 @@ SWITCHES = (
     "compile=true",
     "non_blocking=false",
     "amp=true",
-    "optim.fused=true",
+    "optim.fused=false",
 )
 MIN_GAIN = 1.05  # a flip counts as faster than the defaults from this speed-up on (noise guard)
 # The fastest medsweep overrides per model, found with --sweep-best on an AMD EPYC with avx512_bf16 (2 threads,
-# torch 2.13.0; docs/benchmarks.md): bf16 autocast and the fused optimizer; the other switches moved the step
-# time by noise only.
-BEST = {"resnet18": ("amp=true", "optim.fused=true"), "densenet121": ("amp=true", "optim.fused=true")}
+# torch 2.13.0; docs/benchmarks.md): bf16 autocast and the fused optimizer, which is now the default; the other
+# switches moved the step time by noise only. Where the CPU has no fast bf16, amp=true trains in float32.
+BEST = {"resnet18": ("amp=true",), "densenet121": ("amp=true",)}
 
 
 @dataclass
@@ -338,6 +338,8 @@ def run_variants(args: argparse.Namespace, data: tuple[np.ndarray, np.ndarray]) 
         elif name == "medsweep":
             variants.append(medsweep_variant(compose_config(args, overrides), args.warmup))
     timed_table(variants, {v.name: v for v in variants if v.name == "plain"}, args)
+    if args.profile:
+        print(profile_table(variants, args.profile))
 
 
 def sweep_best(args: argparse.Namespace, data: tuple[np.ndarray, np.ndarray]) -> None:
@@ -360,6 +362,32 @@ def sweep_best(args: argparse.Namespace, data: tuple[np.ndarray, np.ndarray]) ->
     scores.pop("plain")
     best = max(scores, key=scores.get)
     print(f"best: {best.removeprefix('medsweep ')}, {scores[best]:.2f}x the plain loop")
+
+
+def profile_table(variants: list[Variant], rows: int) -> str:
+    """One more round of each variant under ``torch.profiler``: the ``rows`` ops with the most self CPU time over
+    all variants, per variant their calls and self milliseconds (warm-up steps included), and each round's total."""
+    profiles = {}
+    for v in variants:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            v.round()
+        profiles[v.name] = {e.key: (e.count, e.self_cpu_time_total / 1000) for e in prof.key_averages()}
+    ops = sorted(
+        {op for ops in profiles.values() for op in ops},
+        key=lambda op: max(ops.get(op, (0, 0.0))[1] for ops in profiles.values()),
+        reverse=True,
+    )[:rows]
+    head = ["op", *(f"{name}: calls, self ms" for name in profiles)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for op in ["total", *ops]:
+        cells = [
+            f"{sum(c for c, _ in p.values())}, {sum(t for _, t in p.values()):.0f}"
+            if op == "total"
+            else "{}, {:.1f}".format(*p.get(op, (0, 0.0)))
+            for p in profiles.values()
+        ]
+        lines.append(f"| {op} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def timed_table(variants: list[Variant], references: dict[str, Variant], args: argparse.Namespace) -> dict[str, float]:
@@ -388,6 +416,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--medsweep",
         help="Hydra overrides of the medsweep variant, space separated "
         "(default: the model's best found by --sweep-best)",
+    )
+    parser.add_argument(
+        "--profile", type=int, default=0, metavar="N", help="then profile one round each: the N costliest ops"
     )
     parser.add_argument("--sweep-best", action="store_true", help="find the fastest medsweep switches instead")
     parser.add_argument("--data-root", default=str(DATA_ROOT))

@@ -185,7 +185,7 @@ class OptimConfig:
     momentum: float = 0.9
     nesterov: bool = False
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    fused: bool = False  # torch's fused kernel: one pass over each parameter (CPU and CUDA)
+    fused: bool = True  # torch's fused kernel: one pass over each parameter (CPU and CUDA); false: its loop
 
 
 @dataclass

@@ -25,12 +25,15 @@ from src.parallel import dist
 from src.parallel.launch import job_gpus, spawn_ranks
 from src.parallel.preemption import EXIT_PREEMPTED, Preempted, PreemptedExit, Preemption
 from src.parallel.ranks import job_world
+from src.perf import startup
+from src.perf.startup import StartupClock, job_clock
 from src.resolve import check_split_sizes
 from src.tracking.runs import RunLogger, environment_tags
 from src.tracking.store import best_metric, ensure_store
 from src.tracking.sweep import fail_parent_run, job_parent_id
 
 log = logging.getLogger(__name__)
+startup.entry_imported()
 
 
 def train(cfg: DictConfig) -> float:
@@ -41,7 +44,13 @@ def train(cfg: DictConfig) -> float:
     memory: the run ends FAILED with tag ``status=oom``; with ``oom_retry`` a new run follows at half the
     micro-batch and twice the accumulation; otherwise a sweep goes on to its next job.
     """
+    with job_clock() as clock:
+        return run_job(cfg, clock)
+
+
+def run_job(cfg: DictConfig, clock: StartupClock) -> float:
     plan = plan_job(cfg, HydraConfig.get())
+    clock.mark("config")
     if plan.finished:
         return outcome.skip(plan)
     ddp = plan.cfg.parallel.mode is ParallelMode.ddp
@@ -55,15 +64,19 @@ def train(cfg: DictConfig) -> float:
                 raise PreemptedExit(EXIT_PREEMPTED) from None
         return float("nan")
     client = ensure_store(plan.tracking_uri)
+    clock.mark("mlflow")
     ensure_file(plan.cfg.data)
+    clock.mark("data")
     with job_gpus(HydraConfig.get()) if plan.device.type == "cuda" else contextlib.nullcontext(()) as gpus:
         world = external.world if external else job_world(plan.cfg, gpus)
         first, tags = sized(plan, world)
         check_split_sizes(first, world)
+        clock.mark("batch_size")
         resume = plan.resume
         for attempt in outcome.attempts(first):
             run = resumption.reopen(client, resume) if resume else start_run(plan, attempt, world, client, tags)
-            job = Job.of(plan, attempt, run.run_id, world, gpus, resume)
+            clock.mark("mlflow")
+            job = Job.of(plan, attempt, run.run_id, world, gpus, resume, clock)
             log.info("MLflow run %s in %s; output %s", run.run_id, plan.tracking_uri, plan.output_dir)
             try:
                 with preemption.installed():

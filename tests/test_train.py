@@ -24,6 +24,7 @@ EPOCH_METRICS = {
     "mem/peak_mb",
     *(f"val/{k}" for k in CLINICAL),
 }
+STARTUP_PHASES = ("config", "mlflow", "data", "batch_size", "launch", "probes", "model")  # after imports, hydra
 FINAL_METRICS = {
     "test/acc",
     "test/auc",
@@ -69,6 +70,13 @@ def test_the_readme_sweep_logs_a_parent_and_two_finished_children(tmp_path, stor
         assert evaluated == {"eval/confusion_matrix.png", "eval/test_predictions.csv"}
         assert run.data.metrics["model/params"] > 11e6 and run.data.metrics["perf/samples_per_s"] > 0
     assert len({r.data.tags["config_hash"] for r in children}) == 2
+    startup = {r.data.tags["output_dir"][-1]: r.data.metrics for r in children}  # job number: its metrics
+    assert {"time/startup/imports_s", "time/startup/hydra_s"} <= set(startup["0"])
+    assert "time/startup/between_jobs_s" in startup["1"] and "time/startup/imports_s" not in startup["1"]
+    for metrics in startup.values():
+        phases = sum(v for k, v in metrics.items() if k.startswith("time/startup/"))
+        assert phases == pytest.approx(metrics["time/startup_s"], rel=1e-6)
+        assert {f"time/startup/{p}_s" for p in STARTUP_PHASES} <= set(metrics)
     job_dirs = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir())
     assert job_dirs == ["0", "1"]
     saved = json.loads((tmp_path / "sweep" / "0" / "metrics.json").read_text())

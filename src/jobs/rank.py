@@ -12,10 +12,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import mlflow
 import torch
 
 from src import config as schema
+from src.data import load_splits
 from src.jobs import resume as resumption
 from src.jobs.plan import Plan
 from src.jobs.resume import Resume
@@ -24,8 +24,10 @@ from src.parallel.launch import METRICS_FILE
 from src.parallel.preemption import Preempted, Preemption
 from src.parallel.ranks import data_parallel_width, seed_everything
 from src.perf.memory import predicted_memory_metrics
+from src.perf.startup import StartupClock
 from src.resolve import resolve_amp_dtype
 from src.tracking.runs import RunLogger
+from src.tracking.store import ensure_store
 from src.training import checkpoint
 from src.training.build import build_trainer
 from src.training.metrics import class_names, write_eval_artifacts
@@ -48,6 +50,7 @@ class Job:
     gpus: tuple[int, ...] = ()  # devices of an in-process rank; spawned ranks use cuda:<local rank>
     resume_from: Path | None = None  # the checkpoint every rank loads before training
     checkpoint_meta: dict = dataclasses.field(default_factory=dict)  # saved with each checkpoint (run id, config)
+    startup: StartupClock | None = None  # the job's start-up so far; the main rank logs it at the first step
 
     @classmethod
     def of(
@@ -58,6 +61,7 @@ class Job:
         world: int = 1,
         gpus: tuple[int, ...] = (),
         resume: Resume | None = None,
+        startup: StartupClock | None = None,
     ) -> "Job":
         """The job of ``plan`` training ``cfg`` into run ``run_id`` on ``world`` ranks."""
         meta = {
@@ -77,6 +81,7 @@ class Job:
             gpus,
             resume.path if resume else None,
             meta,
+            startup,
         )
 
 
@@ -101,7 +106,8 @@ def run_rank(
 
 
 def train_rank(job: Job, rank: dist.Rank, device: torch.device, preemption: Preemption) -> dict[str, float]:
-    cfg = job.cfg
+    cfg, clock = job.cfg, job.startup or StartupClock.begin()
+    clock.mark("launch")
     threads = seed_everything(cfg, ranks_on_node=int(os.environ.get("LOCAL_WORLD_SIZE", rank.world)))
     log.info("rank %d/%d on %s with %d threads", rank.rank, rank.world, device, threads)
     mfu = Mfu.of(cfg, device, rank.world * data_parallel_width(cfg, job.gpus))
@@ -112,8 +118,12 @@ def train_rank(job: Job, rank: dist.Rank, device: torch.device, preemption: Pree
         preemption=preemption,
         epoch_metrics=extras,
     )
-    trainer = build_trainer(cfg, device, rank, job.gpus, hooks)
-    run = RunLogger(mlflow.MlflowClient(job.tracking_uri), job.run_id) if rank.is_main else None
+    clock.mark("probes")
+    splits = load_splits(cfg.data)
+    clock.mark("data")
+    trainer = build_trainer(cfg, device, rank, job.gpus, hooks, splits)
+    clock.mark("model")
+    run = RunLogger(ensure_store(job.tracking_uri), job.run_id) if rank.is_main else None
     amp_dtype = str(resolve_amp_dtype(cfg, device)).removeprefix("torch.") if cfg.amp else "float32"
     if cfg.amp and amp_dtype == "float32" and rank.is_main:
         log.warning(
@@ -139,6 +149,10 @@ def train_rank(job: Job, rank: dist.Rank, device: torch.device, preemption: Pree
             resumption.log_missing(run, trainer.last_metrics, trainer.epoch - 1)
         if run and trainer.epoch == cfg.epochs:  # trained to the end before it stopped: the test may be logged
             log_metrics = functools.partial(resumption.log_missing, run)
+    clock.mark("mlflow")
+    if run:
+        run.log_metrics(clock.metrics(), step=trainer.epoch)
+        log.info("start-up %.1f s (%s)", clock.metrics()["time/startup_s"], clock.summary())
     try:
         final = trainer.fit(log_metrics)
     except torch.OutOfMemoryError:

@@ -46,6 +46,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Callable
 
+import cachetools
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -174,16 +175,22 @@ def _batch(data: DataConfig, batch_size: int, device: torch.device) -> tuple[tor
     return images, to_input(images), torch.zeros(batch_size, dtype=torch.long, device=device)
 
 
+@cachetools.cached(
+    cachetools.LRUCache(maxsize=16),
+    key=lambda cfg, device, batch_size: repr(
+        (cfg.model, cfg.data, autocast_dtype(cfg, device), min(cfg.accumulate, 2), device, batch_size)
+    ),
+)
 def footprint(cfg: Config, device: torch.device, batch_size: int) -> Footprint:
-    """Replay a training micro-step of ``cfg`` at ``batch_size`` on fake tensors of ``device``.
+    """Replay a training micro-step of ``cfg`` at ``batch_size`` on fake tensors of ``device`` (once per process
+    for each model, data, precision, accumulation and batch: a sweep's later jobs reuse it).
 
     The saved tensors are recorded in a forward of their own: hooks that return the tensor they pack tie
     it to its own graph node, which would keep memory alive in the replay that tracks the peak. With
     ``accumulate > 1`` that replay runs a second micro-step, with the accumulated gradients held.
     """
-    data = cfg.data
-    dtype = resolve_amp_dtype(cfg, device)
-    autocast = functools.partial(torch.autocast, device.type, dtype=dtype, enabled=cfg.amp and dtype != torch.float32)
+    data, dtype = cfg.data, autocast_dtype(cfg, device)
+    autocast = functools.partial(torch.autocast, device.type, dtype=dtype, enabled=dtype is not None)
     activation_gain(cfg.model.activation)  # computed (and cached) for real: it reads a value
     with FakeTensorMode():
         with torch.device(device):
@@ -207,6 +214,12 @@ def footprint(cfg: Config, device: torch.device, batch_size: int) -> Footprint:
             casts.nbytes,
             live.peak,
         )
+
+
+def autocast_dtype(cfg: Config, device: torch.device) -> torch.dtype | None:
+    """The dtype training autocasts to, None for float32 (``amp=false``, or AMP resolved to float32)."""
+    dtype = resolve_amp_dtype(cfg, device)
+    return dtype if cfg.amp and dtype != torch.float32 else None
 
 
 def optimizer_state_factor(cfg: OptimConfig) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import cachetools
 import torch
 
 from src.config import Config
@@ -14,8 +15,10 @@ from src.resolve import resolve_amp_dtype
 from src.training.meters import peak_flops
 
 
+@cachetools.cached(cachetools.LRUCache(maxsize=16), key=lambda cfg: repr((cfg.model, cfg.data)))
 def flops_per_sample(cfg: Config) -> float:
-    """Training FLOPs (forward and backward, recomputation not counted) per sample, counted on the meta device."""
+    """Training FLOPs (forward and backward, recomputation not counted) per sample, counted on the meta device
+    (once per process for each model and data: a sweep's later jobs reuse it)."""
     shape = (2, cfg.data.in_channels, *[cfg.data.size] * 3)  # batch 2: BatchNorm trains on 1^3 maps
     with torch.device("meta"):
         model = build_model(dataclasses.replace(cfg.model, checkpointing=False), cfg.data).train()

@@ -1,0 +1,58 @@
+"""The start-up clock (``time/startup_s``) and the per-process caches of the start-up probes."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from src.perf import startup
+from src.perf.memory import footprint
+from src.training.mfu import flops_per_sample
+from tests.helpers import compose_config
+
+CPU = torch.device("cpu")
+
+
+def test_a_fresh_process_counts_from_its_start_and_a_later_job_from_the_previous_end(monkeypatch):
+    monkeypatch.setattr(startup, "_previous_job_end", None)
+    monkeypatch.setattr(startup, "_entry_imported", None)
+    startup.entry_imported()
+    imported = startup._entry_imported
+    with startup.job_clock() as first:
+        first.mark("config")
+    ended = startup._previous_job_end
+    with startup.job_clock() as second:
+        second.mark("config")
+    assert list(first.phases) == ["imports", "hydra", "config"] and list(second.phases) == ["between_jobs", "config"]
+    assert first.origin == pytest.approx(startup.process_start()) and first.origin < ended
+    assert first.phases["imports"] == pytest.approx(imported - first.origin)
+    assert second.origin == ended
+    metrics = second.metrics()
+    assert metrics["time/startup_s"] == pytest.approx(sum(second.phases.values()))
+    assert set(metrics) == {"time/startup_s", "time/startup/between_jobs_s", "time/startup/config_s"}
+
+
+def test_without_an_entry_module_imports_run_to_the_job(monkeypatch):
+    monkeypatch.setattr(startup, "_previous_job_end", None)
+    monkeypatch.setattr(startup, "_entry_imported", None)
+    clock = startup.StartupClock.begin()
+    assert list(clock.phases) == ["imports"] and clock.metrics()["time/startup_s"] == clock.phases["imports"]
+
+
+def test_the_process_start_precedes_this_test_and_is_stable():
+    start = startup.process_start()
+    assert start < time.time() and start == pytest.approx(startup.process_start(), abs=0.05)
+
+
+def test_a_sweeps_later_jobs_reuse_the_probes_of_an_equal_model():
+    seed0, seed1, amp = (
+        OmegaConf.to_object(compose_config("model=resnet10", "data=synthetic", *extra))
+        for extra in (["seed=0"], ["seed=1"], ["seed=0", "amp=true", "amp_dtype=bfloat16"])
+    )
+    assert footprint(seed0, CPU, 2) is footprint(seed1, CPU, 2)
+    assert footprint(seed0, CPU, 2) is not footprint(amp, CPU, 2)
+    assert footprint(seed0, CPU, 2) is not footprint(seed0, CPU, 4)
+    assert flops_per_sample(seed0) == flops_per_sample(seed1)

@@ -32,7 +32,8 @@ from tests.helpers import RESULTS, ROOT, compose_config, history, run_cli, runs,
 EPOCHS = 4
 RUN = (f"epochs={EPOCHS}", "skip_finished=false")  # reruns of one config must train, not be skipped
 NOT_RESULTS = ("perf/", "mem/", "time/")  # measurements of the process, not results
-FINAL = ("test/", "model/", "time/", "best_epoch", "stopped_epoch")  # logged once, at step `epochs`
+FINAL = ("test/", "model/", "time/total_s", "best_epoch", "stopped_epoch")  # logged once, at step `epochs`
+STARTUP = "time/startup"  # logged by each start of the run
 
 
 def results(uri: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
@@ -40,9 +41,15 @@ def results(uri: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
 
 
 def assert_one_value_per_epoch(uri: str, run_id: str) -> None:
+    """Epoch metrics once per epoch, final ones once at step ``epochs``, start-up once per start of the run (at the
+    epoch it started from: 0, then each resume's)."""
+    starts = 1 + int(mlflow.MlflowClient(uri).get_run(run_id).data.tags.get("resumes", 0))
     for key, values in history(uri, run_id).items():
         steps = [step for step, _ in values]
-        assert steps == ([EPOCHS] if key.startswith(FINAL) else list(range(EPOCHS))), key
+        if key.startswith(STARTUP):
+            assert len(steps) == starts and steps[0] == 0 and steps == sorted(steps), key
+        else:
+            assert steps == ([EPOCHS] if key.startswith(FINAL) else list(range(EPOCHS))), key
 
 
 def assert_same_weights(path: Path, reference: Path) -> None:

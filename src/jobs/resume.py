@@ -140,7 +140,7 @@ def requeued(cfg: DictConfig, output_dir: Path, client: mlflow.MlflowClient) -> 
             if not changes
             else f"it was trained with {', '.join(changes[:3])}"
         )
-        log.warning("%s holds a checkpoint this job does not resume (%s): a new run starts and replaces it", path, why)
+        log.warning("%s holds a checkpoint this job does not resume (%s): a run this job trains replaces it", path, why)
         return None
     resume = Resume.from_state(state, output_dir)
     log.info(

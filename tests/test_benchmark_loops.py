@@ -18,28 +18,8 @@ def train_loops(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_table_has_one_row_per_variant_and_a_ratio(shared_data):
-    result = train_loops(
-        "--model",
-        "resnet10",
-        "--size",
-        "28",
-        "--batch",
-        "2",
-        "--steps",
-        "1",
-        "--warmup",
-        "1",
-        "--repeats",
-        "1",
-        "--threads",
-        "1",
-        "--variants",
-        "plain,medsweep",
-        "--data-root",
-        str(shared_data),
-        "--profile",
-        "4",
-    )
+    tiny = "--model resnet10 --size 28 --batch 2 --steps 1 --warmup 1 --repeats 1 --threads 1 --profile 4"
+    result = train_loops(*tiny.split(), "--variants", "plain,medsweep", "--data-root", str(shared_data))
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "command: python benchmarks/train_loops.py --model resnet10" in out
@@ -62,26 +42,8 @@ def test_table_has_one_row_per_variant_and_a_ratio(shared_data):
 
 
 def test_monai_densenet_at_28_is_skipped_with_the_reason(shared_data):
-    result = train_loops(
-        "--model",
-        "densenet121",
-        "--size",
-        "28",
-        "--batch",
-        "2",
-        "--steps",
-        "1",
-        "--warmup",
-        "0",
-        "--repeats",
-        "1",
-        "--threads",
-        "1",
-        "--variants",
-        "plain,monai",
-        "--data-root",
-        str(shared_data),
-    )
+    tiny = "--model densenet121 --size 28 --batch 2 --steps 1 --warmup 0 --repeats 1 --threads 1"
+    result = train_loops(*tiny.split(), "--variants", "plain,monai", "--data-root", str(shared_data))
     assert result.returncode == 0, result.stderr
     assert "monai: skipped: MONAI's DenseNet121 has only the standard stem and needs 64^3" in result.stdout
 

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
+from typing import Iterator
 
 import mlflow
 from hydra import compose, initialize_config_dir
@@ -18,8 +24,10 @@ RESULTS = {"train/loss", "train/acc", "val/loss", "val/acc", "val/auc", "test/ac
 
 
 def small_run(tmp_path, store, shared_data, *overrides: str) -> tuple[str, ...]:
-    """A quick job on the real AdrenalMNIST3D file, outputs and store under ``tmp_path``."""
+    """A quick job on the real AdrenalMNIST3D file on the CPU (whatever GPU the machine has), outputs and store
+    under ``tmp_path``."""
     return (
+        "device=cpu",
         "data=adrenalmnist3d",
         f"data.root={shared_data}",
         "data.download=false",
@@ -50,12 +58,91 @@ def compose_config(*overrides: str):
         return compose("config", overrides=list(overrides))
 
 
-def run_cli(*args: str, module: str = "src.train", timeout: int = 600) -> subprocess.CompletedProcess:
-    """``python -m src.train ARGS`` in a real process from the project root."""
+def run_cli(*args: str, module: str = "src.train", timeout: int = 900) -> subprocess.CompletedProcess:
+    """``python -m src.train ARGS`` in a real process from the project root (:func:`run_process`)."""
+    return run_process([sys.executable, "-m", module, *args], timeout)
+
+
+def run_process(argv: list[str], timeout: int = 900) -> subprocess.CompletedProcess:
+    """``argv`` from the project root in a process group of its own, output captured: past ``timeout`` (a hang;
+    generous, for a loaded machine) the whole group is killed, ranks and workers included."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
-    return subprocess.run(
-        [sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
-    )
+    with subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(process)
+            raise
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL ``process``'s whole process group (it was started with ``start_new_session=True``) and reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.communicate()
+
+
+def free_port() -> int:
+    """A TCP port free now (bind port 0); another process may take it before it is bound again: retry then."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve_mlflow(backend_uri: str, folder: Path, tries: int = 5) -> Iterator[str]:
+    """A real ``mlflow server`` on ``backend_uri``, artifacts and log in ``folder``, on a free local port (another
+    port when the one picked was taken before the server bound it); its whole process group stopped at the end."""
+    for _ in range(tries):
+        port, log_path = free_port(), folder / "server.log"
+        with log_path.open("w") as log:
+            server = subprocess.Popen(
+                [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_uri]
+                + ["--artifacts-destination", str(folder / "artifacts"), "--host", "127.0.0.1"]
+                + ["--port", str(port), "--workers", "1"],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"},
+                start_new_session=True,
+            )
+        try:
+            if serving(server, port, log_path):
+                yield f"http://127.0.0.1:{port}"
+                return
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                kill_group(server)
+    raise AssertionError(f"mlflow server never started in {tries} tries:\n{log_path.read_text()[-3000:]}")
+
+
+def serving(server: subprocess.Popen, port: int, log: Path, attempts: int = 600) -> bool:
+    """True once ``server`` itself answers ``/health`` on ``port``; False when it exited because the port was taken."""
+    for _ in range(attempts):
+        if server.poll() is not None:
+            if "address already in use" in log.read_text().lower():
+                return False
+            raise AssertionError(f"mlflow server exited with {server.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as reply:
+                if reply.status == 200 and server.poll() is None and f":{port}" in log.read_text():
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"mlflow server on port {port} never answered /health:\n{log.read_text()[-3000:]}")
 
 
 def runs(uri: str, experiment: str = "medsweep") -> list[mlflow.entities.Run]:

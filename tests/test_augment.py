@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import subprocess
 import sys
 
 import pytest
@@ -22,7 +21,7 @@ from src.training.augment import (
     step_generator,
     step_seed,
 )
-from tests.helpers import ROOT
+from tests.helpers import run_process
 
 SWITCHES = ("flip", "rot90", "affine", "intensity")
 
@@ -212,11 +211,5 @@ def test_step_generator_streams_are_a_pure_function_of_the_tuple():
 
 
 def test_benchmark_wants_one_batch_size_per_size():
-    result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.augment_share", "--sizes", "28", "64", "--batches", "8"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_process([sys.executable, "-m", "benchmarks.augment_share", "--sizes", "28", "64", "--batches", "8"])
     assert result.returncode == 2 and "one value per size" in result.stderr

@@ -8,13 +8,11 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import run_process
 
 
 def train_loops(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "benchmarks/train_loops.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
+    return run_process([sys.executable, "benchmarks/train_loops.py", *args])
 
 
 def test_table_has_one_row_per_variant_and_a_ratio(shared_data):

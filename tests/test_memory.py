@@ -156,9 +156,7 @@ def test_components_counted_on_each_device():
 
 
 def test_cli_prints_the_breakdown():
-    result = run_cli(
-        "model=resnet18", "model.stem=standard", "data=synthetic", "batch_size=4", module="src.memory", timeout=120
-    )
+    result = run_cli("model=resnet18", "model.stem=standard", "data=synthetic", "batch_size=4", module="src.memory")
     assert result.returncode == 0, result.stderr
     expected = memory.predict(typed(), CPU, batch_size=4)
     assert result.stdout.splitlines()[-1].split() == ["total", f"{expected.total_mb:.1f}"]
@@ -166,7 +164,7 @@ def test_cli_prints_the_breakdown():
 
 
 def test_cli_refuses_float16_on_cpu():
-    result = run_cli("amp=true", "amp_dtype=float16", "device=cpu", module="src.memory", timeout=120)
+    result = run_cli("amp=true", "amp_dtype=float16", "device=cpu", module="src.memory")
     assert result.returncode == 2
     assert result.stderr.startswith("error: amp_dtype=float16 needs a CUDA device")
 

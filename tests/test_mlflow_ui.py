@@ -6,25 +6,18 @@ downloads its own browsers). Without them the test skips locally and fails under
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import math
 import os
 import re
-import signal
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 import mlflow
 import pytest
 
-from src.parallel.dist import free_port
-from tests.helpers import run_cli
+from tests.helpers import run_cli, serve_mlflow
 
 if TYPE_CHECKING:
     from playwright.sync_api import Locator, Page
@@ -67,58 +60,9 @@ def chromium() -> Path:
 
 @pytest.fixture
 def mlflow_server(tmp_path: Path) -> Iterator[str]:
-    """A real ``mlflow server`` on a free local port over an SQLite store in ``tmp_path``; always stopped."""
-    port = free_port()
-    log = (tmp_path / "server.log").open("w")
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--backend-store-uri",
-            f"sqlite:///{tmp_path / 'mlflow.db'}",
-            "--artifacts-destination",
-            str(tmp_path / "artifacts"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"},
-        start_new_session=True,
-    )  # own group: its workers stop with it
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(uri, server, tmp_path / "server.log")
+    """A real ``mlflow server`` over an SQLite store in ``tmp_path``; always stopped."""
+    with serve_mlflow(f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path) as uri:
         yield uri
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        finally:
-            with contextlib.suppress(ProcessLookupError):  # whatever of its group is left
-                os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-            log.close()
-
-
-def wait_healthy(uri: str, server: subprocess.Popen, log: Path, attempts: int = 240) -> None:
-    for _ in range(attempts):
-        if server.poll() is not None:
-            pytest.fail(f"mlflow server exited with {server.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"{uri}/health", timeout=5) as reply:
-                if reply.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"mlflow server at {uri} never answered /health:\n{log.read_text()[-3000:]}")
 
 
 def as_shown(value: float) -> str:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import mlflow
@@ -14,7 +17,7 @@ import torch
 
 from src.data import SeededPermutation
 from src.parallel import dist
-from tests.helpers import ROOT, history, run_cli, runs, small_run
+from tests.helpers import ROOT, history, run_cli, run_process, runs, small_run
 
 
 def children(store: str) -> list[mlflow.entities.Run]:
@@ -51,9 +54,15 @@ def test_rank_shards_together_are_the_single_process_batches():
         assert sorted(ranks.tolist()) == sorted(whole[16 * step : 16 * step + 16].tolist())
 
 
-def test_free_ports_are_bindable_and_differ():
-    ports = {dist.free_port() for _ in range(5)}
-    assert len(ports) > 1 and all(1024 < p < 65536 for p in ports)
+def test_rendezvous_holds_its_port_until_the_job_ends():
+    with dist.rendezvous(timeout_s=30) as first, dist.rendezvous(timeout_s=30) as second:
+        assert first != second
+        port = int(first.rpartition(":")[2])
+        with socket.socket() as taker, pytest.raises(OSError, match="in use"):
+            taker.bind(("127.0.0.1", port))  # bound by this process from the start: no rank can lose it
+        client = torch.distributed.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=30))
+        client.set("rank", "0")
+        assert client.get("rank") == b"0"
 
 
 def test_gpu_slots_are_exclusive(tmp_path):
@@ -119,6 +128,7 @@ def test_joblib_sweep_of_ddp_jobs_logs_each_job_once(tmp_path, store, shared_dat
 
 
 def test_a_killed_rank_fails_the_job_and_leaves_no_process(tmp_path, store, shared_data):
+    """A hang would hit run_cli's timeout (the process group is killed then); a healthy failure takes ~20 s."""
     result, tag = run_tagged(
         *small_run(
             tmp_path,
@@ -130,12 +140,14 @@ def test_a_killed_rank_fails_the_job_and_leaves_no_process(tmp_path, store, shar
             "fault.kill_rank=1",
             "fault.kill_step=2",
         ),
-        timeout=90,
-    )  # a hang would hit this; a healthy failure takes ~20 s here
+    )
+    left = tagged_processes(tag)
+    for pid in left:  # no stray ranks after a failing assertion
+        os.kill(pid, signal.SIGKILL)
     assert result.returncode != 0
     assert "SIGKILL" in result.stderr
     (run,) = runs(store)
-    assert run.info.status == "FAILED" and tagged_processes(tag) == []
+    assert run.info.status == "FAILED" and left == []
 
 
 @pytest.mark.parametrize(
@@ -156,22 +168,16 @@ def test_parallel_settings_that_cannot_run_here_fail_first(tmp_path, store, shar
 def test_torchrun_ranks_join_and_rank0_alone_logs(tmp_path, store, shared_data):
     torchrun = shutil.which("torchrun") or pytest.fail("torchrun ships with torch")
     outputs = tmp_path / "outputs"
-    result = subprocess.run(
+    result = run_process(
         [
             torchrun,
+            "--standalone",  # its own rendezvous on a port it binds itself
             "--nproc_per_node=2",
-            "--master_port",
-            str(dist.free_port()),
             "-m",
             "src.train",
             "parallel=ddp",
             *small_run(tmp_path, store, shared_data, "epochs=1", f"hydra.run.dir={outputs}"),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        ]
     )
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = runs(store)

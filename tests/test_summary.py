@@ -18,7 +18,7 @@ LINE = re.compile(r"^model=(\w+) size=(\d+) params=(\d+) gflops=(\d+\.\d{3}) out
 
 
 def test_densenet121_at_64_with_the_standard_stem():
-    result = run_cli("model=densenet121", "model.stem=standard", "data.size=64", module="src.summary", timeout=120)
+    result = run_cli("model=densenet121", "model.stem=standard", "data.size=64", module="src.summary")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert LINE.fullmatch(lines[0]).groups()[:3] == ("densenet121", "64", "11244674")

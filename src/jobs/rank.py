@@ -86,7 +86,7 @@ class Job:
 
 
 def run_rank(
-    job: Job, rank: dist.Rank, init_method: str = "env://", preemption: Preemption | None = None
+    job: Job, rank: dist.Rank, store_address: str | None = None, preemption: Preemption | None = None
 ) -> dict[str, float]:
     """One rank's whole training. Raises :class:`Preempted` on every rank when ``preemption`` stopped it."""
     index = job.gpus[0] if job.gpus else rank.local_rank
@@ -94,7 +94,7 @@ def run_rank(
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if rank.world > 1:
-        dist.init_process_group(job.cfg, device, rank, init_method)
+        dist.init_process_group(job.cfg, device, rank, store_address)
         shared = [(job.cfg, job.resume_from)]  # rank 0's: it resolved the config and the checkpoint to resume
         torch.distributed.broadcast_object_list(shared, src=0)
         job = dataclasses.replace(job, cfg=shared[0][0], resume_from=shared[0][1])
@@ -169,7 +169,7 @@ def train_rank(job: Job, rank: dist.Rank, device: torch.device, preemption: Pree
     return final
 
 
-def spawned_rank(index: int, job: Job, world: int, init_method: str) -> None:
+def spawned_rank(index: int, job: Job, world: int, store_address: str) -> None:
     """Entry of a rank spawned by the job: log like the job does, then :func:`run_rank`."""
     handlers = [logging.StreamHandler(), logging.FileHandler(job.log_file)] if index == 0 else [logging.StreamHandler()]
     logging.basicConfig(
@@ -179,4 +179,4 @@ def spawned_rank(index: int, job: Job, world: int, init_method: str) -> None:
     )
     preemption = Preemption()
     with preemption.installed(), contextlib.suppress(Preempted):  # rank 0 checkpointed: exit 0, the job sees it
-        run_rank(job, dist.Rank(index, world, index), init_method, preemption)
+        run_rank(job, dist.Rank(index, world, index), store_address, preemption)

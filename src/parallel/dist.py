@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import socket
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -17,6 +16,8 @@ import torch.distributed as dist
 from src.config import Config
 from src.errors import UsageError
 from src.resolve import ddp_backend
+
+HOST = "127.0.0.1"  # spawned ranks share this machine
 
 
 @dataclass(frozen=True)
@@ -32,11 +33,15 @@ class Rank:
         return self.rank == 0
 
 
-def free_port() -> int:
-    """A TCP port the OS says is free now (bind port 0), so parallel sweep jobs never collide."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+@contextlib.contextmanager
+def rendezvous(timeout_s: int) -> Iterator[str]:
+    """A ``host:port`` where this process serves the ranks' TCPStore, on a port the OS picked (bind port 0) and
+    bound here before any rank starts: no other process can take it in between, and parallel jobs never collide."""
+    store = dist.TCPStore(HOST, 0, None, True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+    try:
+        yield f"{HOST}:{store.port}"
+    finally:
+        del store
 
 
 def external_rank() -> Rank | None:
@@ -58,13 +63,19 @@ def world_size(cfg: Config, gpus: tuple[int, ...]) -> int:
     return cfg.parallel.nproc or len(gpus) or 2
 
 
-def init_process_group(cfg: Config, device: torch.device, rank: Rank, init_method: str = "env://") -> None:
+def init_process_group(cfg: Config, device: torch.device, rank: Rank, store_address: str | None = None) -> None:
+    """Join the job's process group: through the TCPStore at ``store_address`` (:func:`rendezvous`, spawned
+    ranks), else ``env://`` (torchrun, SLURM)."""
+    timeout = timedelta(seconds=cfg.parallel.timeout_s)
+    host, _, port = (store_address or "").rpartition(":")
+    store = dist.TCPStore(host, int(port), rank.world, False, timeout=timeout) if store_address else None
     dist.init_process_group(
         ddp_backend(cfg, device),
-        init_method=init_method,
+        init_method=None if store else "env://",
+        store=store,
         rank=rank.rank,
         world_size=rank.world,
-        timeout=timedelta(seconds=cfg.parallel.timeout_s),
+        timeout=timeout,
     )
 
 

@@ -40,7 +40,8 @@ def visible_gpus(gpus: tuple[int, ...]) -> Iterator[None]:
 
 
 def spawn_ranks(entry: Callable[..., None], job: Any, world: int, preemption: Preemption) -> dict[str, float]:
-    """Start ``world`` ranks as ``entry(index, job, world, init_method)`` with the ``spawn`` method on a free port;
+    """Start ``world`` ranks as ``entry(index, job, world, store_address)`` with the ``spawn`` method, meeting at a
+    TCPStore this process serves (:func:`src.parallel.dist.rendezvous`);
     stop signals are passed on to them. ``job`` has ``output_dir`` and ``gpus`` (the GPUs they see).
 
     torch.multiprocessing watches them: when one dies the others are terminated and this raises. The
@@ -48,14 +49,13 @@ def spawn_ranks(entry: Callable[..., None], job: Any, world: int, preemption: Pr
     worker's own, ``loky``, does not exist in a fresh interpreter. Ranks that stopped on a signal exit 0
     without ``metrics.json``: this raises :class:`Preempted` then.
     """
-    init_method = f"tcp://127.0.0.1:{dist.free_port()}"
     mp.set_start_method("spawn", force=True)
     metrics = Path(job.output_dir) / METRICS_FILE
     metrics.unlink(missing_ok=True)
-    with visible_gpus(job.gpus):
+    with visible_gpus(job.gpus), dist.rendezvous(job.cfg.parallel.timeout_s) as address:
         ranks = mp.start_processes(
             entry,
-            args=(dataclasses.replace(job, gpus=()), world, init_method),
+            args=(dataclasses.replace(job, gpus=()), world, address),
             nprocs=world,
             start_method="spawn",
             join=False,

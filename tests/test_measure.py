@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import datetime
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -9,8 +13,11 @@ from torch import nn
 
 from src.models.profile import forward_flops, train_flops
 from src.perf.memory import predict
-from src.training.meters import KNOWN_PEAKS, peak_flops
+from src.training.meters import KNOWN_PEAKS, PEAK_MAX_AGE, cached_peaks, peak_cache_file, peak_flops, peak_key
+from src.training.mfu import Mfu
 from tests.helpers import compose_config, run_cli, runs, small_run
+
+CPU = torch.device("cpu")
 
 
 def children(store):
@@ -67,15 +74,71 @@ def test_oom_in_a_single_run_is_one_clear_line(tmp_path, store, shared_data):
     assert run.info.status == "FAILED" and run.data.tags["status"] == "oom"
 
 
-def test_runs_log_tflops_and_mfu_with_their_peak_source(tmp_path, store, shared_data):
-    assert run_cli(*small_run(tmp_path, store, shared_data, "epochs=1")).returncode == 0
+def plant_peak(folder: Path, flops: float, at: datetime.datetime, threads: int | None = None) -> str:
+    """A peak cache in ``folder`` holding ``flops`` for this CPU in float32, probed ``at``; returns its key."""
+    key = peak_key(CPU, torch.float32, threads)
+    entry = {"flops": flops, "source": "probe", "at": at.isoformat()}
+    (folder / "peak_flops.json").write_text(json.dumps({key: entry}))
+    return key
+
+
+def now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+
+
+def test_runs_log_mfu_at_most_1_even_against_a_planted_low_peak(tmp_path, store, shared_data, monkeypatch):
+    monkeypatch.setenv("MEDSWEEP_CACHE_DIR", str(tmp_path))  # inherited by the job's process
+    started = now()
+    key = plant_peak(tmp_path, 1e6, started, threads=1)  # fresh, so only an epoch above it probes again
+    result = run_cli(*small_run(tmp_path, store, shared_data, "epochs=1"))
+    assert result.returncode == 0, result.stderr[-3000:]
     (run,) = runs(store)
     metrics, tags = run.data.metrics, run.data.tags
-    assert 0 < metrics["perf/mfu"] < 1
+    assert 0 < metrics["perf/mfu"] <= 1
     assert metrics["perf/tflops"] == pytest.approx(
         metrics["perf/mfu"] * float(tags["perf.peak_tflops_per_device"]), rel=1e-3
     )
-    assert tags["perf.peak_source"] == "probe"
+    cached = cached_peaks()[key]
+    assert cached.flops > 1e6 and tags["perf.peak_source"] == cached.source in ("probe", "measured")
+    assert float(tags["perf.peak_tflops_per_device"]) == pytest.approx(cached.flops / 1e12, rel=1e-5)
+    assert datetime.datetime.fromisoformat(tags["perf.peak_updated_at"]) == cached.at >= started
+    assert tags["perf.peak_age_days"] == "0.0"
+
+
+def test_an_epoch_above_the_cached_peak_raises_it_so_mfu_stays_at_most_1(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEDSWEEP_CACHE_DIR", str(tmp_path))
+    key = plant_peak(tmp_path, 1e6, now())
+    mfu = Mfu(1e9, peak_flops(CPU, torch.float32), 1, CPU, torch.float32)
+    assert mfu.peak.flops == 1e6  # fresh: taken from the cache, not probed
+    heard = []
+    mfu.on_new_peak = heard.append
+    metrics = mfu({"perf/samples_per_s": 0.1})  # 1e8 FLOP/s: above the planted peak, below any real probe
+    assert mfu.peak.source == "probe" and mfu.peak.flops > 1e9 and heard == [mfu.peak]
+    assert metrics == {"perf/tflops": pytest.approx(1e-4), "perf/mfu": pytest.approx(1e8 / mfu.peak.flops)}
+    assert cached_peaks()[key] == mfu.peak  # the low probe is gone from the cache
+    # a rate above even a fresh probe (the matmul probe is not a perfect peak) becomes the peak
+    assert mfu({"perf/samples_per_s": 1e6}) == {"perf/tflops": 1e3, "perf/mfu": 1.0}
+    assert (mfu.peak.flops, mfu.peak.source) == (1e15, "measured") and cached_peaks()[key] == mfu.peak == heard[-1]
+    assert mfu.tags()["perf.peak_source"] == "measured" and mfu.tags()["perf.peak_tflops_per_device"] == "1000"
+
+
+@pytest.mark.parametrize(("planted", "kept"), [(1e6, False), (1e18, True)])
+def test_a_stale_probe_is_taken_again_and_the_best_one_kept(tmp_path, monkeypatch, planted, kept):
+    monkeypatch.setenv("MEDSWEEP_CACHE_DIR", str(tmp_path))
+    key = plant_peak(tmp_path, planted, now() - PEAK_MAX_AGE - datetime.timedelta(days=1))
+    peak = peak_flops(CPU, torch.float32)
+    assert (peak.flops == planted) == kept and 1e9 < peak.flops and peak.source == "probe"
+    assert peak.age() < datetime.timedelta(hours=1) and cached_peaks()[key] == peak  # probed now: fresh again
+
+
+def test_the_peak_cache_is_in_the_tests_own_folder_or_where_the_environment_says(tmp_path, monkeypatch, cache_dir):
+    assert peak_cache_file() == cache_dir / "peak_flops.json"  # tests/conftest.py: never the user's home cache
+    monkeypatch.delenv("MEDSWEEP_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert peak_cache_file() == tmp_path / "xdg" / "medsweep" / "peak_flops.json"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert peak_cache_file() == tmp_path / "home" / ".cache" / "medsweep" / "peak_flops.json"
 
 
 def test_weight_gradient_flops_of_grouped_convs_are_corrected():
@@ -88,10 +151,10 @@ def test_weight_gradient_flops_of_grouped_convs_are_corrected():
 
 def test_known_gpus_come_from_the_table_and_cpu_from_a_cached_probe(tmp_path, monkeypatch):
     assert KNOWN_PEAKS["H200"]["bfloat16"] == 989e12
-    monkeypatch.setattr("src.training.meters.PEAK_CACHE", tmp_path / "peaks.json")
-    first = peak_flops(torch.device("cpu"), torch.float32)
-    assert first[1] == "probe" and first[0] > 1e9 and (tmp_path / "peaks.json").exists()
-    assert peak_flops(torch.device("cpu"), torch.float32) == first  # cached, not probed again
+    monkeypatch.setenv("MEDSWEEP_CACHE_DIR", str(tmp_path))
+    first = peak_flops(CPU, torch.float32)
+    assert first.source == "probe" and first.flops > 1e9 and cached_peaks() == {peak_key(CPU, torch.float32): first}
+    assert peak_flops(CPU, torch.float32) == first  # cached, not probed again
 
 
 @pytest.mark.slow

@@ -110,8 +110,8 @@ def train_rank(job: Job, rank: dist.Rank, device: torch.device, preemption: Pree
     clock.mark("launch")
     threads = seed_everything(cfg, ranks_on_node=int(os.environ.get("LOCAL_WORLD_SIZE", rank.world)))
     log.info("rank %d/%d on %s with %d threads", rank.rank, rank.world, device, threads)
-    mfu = Mfu.of(cfg, device, rank.world * data_parallel_width(cfg, job.gpus))
-    extras = (predicted_memory_metrics(cfg, device), mfu) if rank.is_main else (mfu,)
+    mfu = Mfu.of(cfg, device, rank.world * data_parallel_width(cfg, job.gpus)) if rank.is_main else None
+    extras = (predicted_memory_metrics(cfg, device), mfu) if rank.is_main else ()  # only rank 0's are logged
     hooks = Hooks(
         checkpoint_to=job.output_dir / checkpoint.FILE if rank.is_main else None,
         checkpoint_meta=job.checkpoint_meta,
@@ -137,10 +137,10 @@ def train_rank(job: Job, rank: dist.Rank, device: torch.device, preemption: Pree
                 "mem.source": trainer.memory.source,
                 "device": str(device),
                 "num_threads": str(threads),
-                "perf.peak_source": mfu.peak_source,
-                "perf.peak_tflops_per_device": f"{mfu.peak_per_device / 1e12:.6g}",
+                **mfu.tags(),
             }
         )
+        mfu.on_new_peak = lambda peak: run.set_tags(mfu.tags())
     log_metrics = run.log_metrics if run else lambda metrics, step: None
     if job.resume_from:
         trainer.load_state_dict(checkpoint.load(job.resume_from))

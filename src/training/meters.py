@@ -1,11 +1,14 @@
-"""Peak memory and throughput, measured the same way in every run."""
+"""Peak memory, throughput and the peak FLOP/s of a device, measured the same way in every run."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
+import datetime
 import gc
 import json
+import os
 import platform
 import re
 import time
@@ -120,7 +123,33 @@ KNOWN_PEAKS = {
     "H200": {"bfloat16": 989e12, "float16": 989e12},
     "A100": {"bfloat16": 312e12, "float16": 312e12},
 }
-PEAK_CACHE = Path.home() / ".cache" / "medsweep" / "peak_flops.json"
+PEAK_MAX_AGE = datetime.timedelta(days=7)  # a cached probe older than this is taken again (the best one kept)
+
+
+def peak_cache_file() -> Path:
+    """``peak_flops.json`` in ``$MEDSWEEP_CACHE_DIR``, else ``$XDG_CACHE_HOME/medsweep``, else ``~/.cache/medsweep``."""
+    folder = os.environ.get("MEDSWEEP_CACHE_DIR") or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "medsweep"
+    )
+    return Path(folder, "peak_flops.json")
+
+
+@dataclasses.dataclass(frozen=True)
+class Peak:
+    """One device's peak FLOP/s in one dtype; ``source``: ``table:<gpu>`` (a data sheet), ``probe`` (the best matmul
+    probe so far) or ``measured`` (a training rate above every probe); ``at``: when a probe or a training rate last
+    set or confirmed it (None for a table)."""
+
+    flops: float
+    source: str
+    at: datetime.datetime | None = None
+
+    def age(self) -> datetime.timedelta | None:
+        return _now() - self.at if self.at else None
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
 
 
 def device_name(device: torch.device) -> str:
@@ -136,9 +165,11 @@ def device_name(device: torch.device) -> str:
 
 def matmul_flops(device: torch.device, dtype: torch.dtype, windows: int = 10, window_s: float = 0.1) -> float:
     """Best FLOP/s of square matmuls in ``dtype`` on ``device`` over short synchronised windows (the
-    best window, so a moment of contention from another process does not lower the peak)."""
+    best window, so a moment of contention from another process does not lower the peak). Its own generator
+    leaves the global RNG, hence a seeded run, as it was."""
     n = 8192 if device.type == "cuda" else 1024
-    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
+    generator = torch.Generator(device).manual_seed(0)
+    a, b = (torch.randn(n, n, device=device, generator=generator).to(dtype) for _ in range(2))
     a @ b
     synchronize(device)
     best = 0.0
@@ -152,18 +183,60 @@ def matmul_flops(device: torch.device, dtype: torch.dtype, windows: int = 10, wi
     return best
 
 
-def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
-    """Peak FLOP/s of one device in ``dtype`` and where it comes from: ``table:<gpu>`` for known GPUs,
-    else ``probe``: a matmul probe, measured once per device, dtype and thread count and cached in
-    ``~/.cache/medsweep/peak_flops.json``."""
+def peak_key(device: torch.device, dtype: torch.dtype, threads: int | None = None) -> str:
+    """The cache key of a probe: device name, dtype and CPU threads (default: this process's)."""
+    threads = (threads or torch.get_num_threads()) if device.type == "cpu" else "gpu"
+    return f"{device_name(device)}|{str(dtype).removeprefix('torch.')}|threads={threads}"
+
+
+def _table_peak(device: torch.device, dtype: torch.dtype) -> Peak | None:
     name, dtype_name = device_name(device), str(dtype).removeprefix("torch.")
     for key, peaks in KNOWN_PEAKS.items():
         if key in name and dtype_name in peaks:
-            return peaks[dtype_name], f"table:{key}"
-    key = f"{name}|{dtype_name}|threads={torch.get_num_threads() if device.type == 'cpu' else 'gpu'}"
-    cache = json.loads(PEAK_CACHE.read_text()) if PEAK_CACHE.exists() else {}
-    if key not in cache:
-        cache[key] = matmul_flops(device, dtype)
-        with atomic_path(PEAK_CACHE) as partial:
-            partial.write_text(json.dumps(cache, indent=2))
-    return cache[key], "probe"
+            return Peak(peaks[dtype_name], f"table:{key}")
+    return None
+
+
+def cached_peaks() -> dict[str, Peak]:
+    """The peak cache file's entries (none when it is absent)."""
+    file = peak_cache_file()
+    entries = json.loads(file.read_text()) if file.exists() else {}
+    return {  # an entry of the first format (a bare number, no time) is left out: probed again
+        key: Peak(entry["flops"], entry["source"], datetime.datetime.fromisoformat(entry["at"]))
+        for key, entry in entries.items()
+        if isinstance(entry, dict)
+    }
+
+
+def _record(key: str, new: Peak) -> Peak:
+    """Stores under ``key`` the higher of ``new`` and the cached peak, stamped with ``new.at``; returns it."""
+    peaks = cached_peaks()
+    old = peaks.get(key)
+    peaks[key] = Peak(old.flops, old.source, new.at) if old and old.flops >= new.flops else new
+    entries = {k: {"flops": p.flops, "source": p.source, "at": p.at.isoformat()} for k, p in peaks.items()}
+    with atomic_path(peak_cache_file()) as partial:
+        partial.write_text(json.dumps(entries, indent=2))
+    return peaks[key]
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype) -> Peak:
+    """Peak FLOP/s of one device in ``dtype``: from :data:`KNOWN_PEAKS` for known GPUs, else the best matmul probe
+    cached per device, dtype and thread count (:func:`peak_cache_file`); a missing entry, or one older than
+    :data:`PEAK_MAX_AGE`, is probed (again), the highest probe kept."""
+    if table := _table_peak(device, dtype):
+        return table
+    cached = cached_peaks().get(peak_key(device, dtype))
+    if cached and cached.age() <= PEAK_MAX_AGE:
+        return cached
+    return _record(peak_key(device, dtype), Peak(matmul_flops(device, dtype), "probe", _now()))
+
+
+def raise_peak(device: torch.device, dtype: torch.dtype, achieved: float) -> Peak:
+    """The peak once a training rate of ``achieved`` FLOP/s exceeded it: probed again (the highest probe kept), or
+    ``achieved`` itself (``measured``) when even that is lower, so a utilisation is never above 1. A table peak is
+    not probed: ``achieved`` replaces it for this run, not in the cache."""
+    if _table_peak(device, dtype):
+        return Peak(achieved, "measured", _now())
+    probed = matmul_flops(device, dtype)
+    best = Peak(probed, "probe", _now()) if probed >= achieved else Peak(achieved, "measured", _now())
+    return _record(peak_key(device, dtype), best)

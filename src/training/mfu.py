@@ -4,6 +4,8 @@ devices in the compute dtype; an ``epoch_metrics`` hook adding ``perf/tflops`` a
 from __future__ import annotations
 
 import dataclasses
+import logging
+from typing import Callable
 
 import cachetools
 import torch
@@ -12,7 +14,9 @@ from src.config import Config
 from src.models import build_model
 from src.models.profile import train_flops
 from src.resolve import resolve_amp_dtype
-from src.training.meters import peak_flops
+from src.training.meters import Peak, peak_flops, raise_peak
+
+log = logging.getLogger(__name__)
 
 
 @cachetools.cached(cachetools.LRUCache(maxsize=16), key=lambda cfg: repr((cfg.model, cfg.data)))
@@ -25,21 +29,43 @@ def flops_per_sample(cfg: Config) -> float:
         return train_flops(model, torch.empty(shape)) / shape[0]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class Mfu:
-    """``perf/tflops`` achieved and ``perf/mfu`` against ``devices`` x ``peak_per_device``."""
+    """``perf/tflops`` achieved and ``perf/mfu`` against ``devices`` x ``peak`` (per device). An epoch whose rate per
+    device exceeds the peak raises it first (:func:`~src.training.meters.raise_peak`: the probe again, or the rate
+    itself), so ``perf/mfu`` is never above 1; ``on_new_peak`` then hears of it (the run's tags)."""
 
     flops_per_sample: float
-    peak_per_device: float
-    peak_source: str  # "table:<gpu>" (a listed GPU) or "probe" (a timed matmul, cached)
+    peak: Peak
     devices: int
+    device: torch.device
+    dtype: torch.dtype
+    on_new_peak: Callable[[Peak], None] = lambda peak: None
 
     @classmethod
     def of(cls, cfg: Config, device: torch.device, devices: int) -> "Mfu":
         dtype = resolve_amp_dtype(cfg, device) if cfg.amp else torch.float32
-        peak, source = peak_flops(device, dtype)
-        return cls(flops_per_sample(cfg), peak, source, devices)
+        return cls(flops_per_sample(cfg), peak_flops(device, dtype), devices, device, dtype)
 
     def __call__(self, metrics: dict[str, float]) -> dict[str, float]:
         achieved = self.flops_per_sample * metrics["perf/samples_per_s"]
-        return {"perf/tflops": achieved / 1e12, "perf/mfu": achieved / (self.peak_per_device * self.devices)}
+        per_device = achieved / self.devices
+        if per_device > self.peak.flops:
+            log.warning(
+                "%.4g TFLOP/s per device exceeds the %s peak of %.4g: raising the peak",
+                per_device / 1e12,
+                self.peak.source,
+                self.peak.flops / 1e12,
+            )
+            self.peak = raise_peak(self.device, self.dtype, per_device)
+            self.on_new_peak(self.peak)
+        return {"perf/tflops": achieved / 1e12, "perf/mfu": per_device / self.peak.flops}
+
+    def tags(self) -> dict[str, str]:
+        """The run's tags for the peak: ``perf.peak_source``, ``perf.peak_tflops_per_device`` and, for a probed or
+        measured peak, ``perf.peak_updated_at`` (last probed or raised, ISO 8601 UTC) and ``perf.peak_age_days``."""
+        tags = {"perf.peak_source": self.peak.source, "perf.peak_tflops_per_device": f"{self.peak.flops / 1e12:.6g}"}
+        if self.peak.at:
+            age_days = self.peak.age().total_seconds() / 86400
+            tags |= {"perf.peak_updated_at": self.peak.at.isoformat(), "perf.peak_age_days": f"{age_days:.1f}"}
+        return tags

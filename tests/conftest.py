@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from src import config as schema
-from tests.helpers import SHARED_DATA
+from tests.helpers import ROOT, SHARED_DATA
 
 schema.register()
 
@@ -34,3 +35,25 @@ def cache_dir(tmp_path_factory) -> Iterator[Path]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MEDSWEEP_CACHE_DIR", str(folder))
         yield folder
+
+
+def checkout_files() -> set[str]:
+    """Untracked and ignored paths in the checkout (bytecode caches aside), as git lists them."""
+    listed = subprocess.run(
+        ["git", "status", "--porcelain", "--ignored", "--untracked-files=all"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    return {line[3:] for line in listed if line[:2] in ("??", "!!") and "__pycache__" not in line}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def checkout_untouched() -> Iterator[None]:
+    """No test writes into the checkout (``mlruns/``, ``outputs/``, ``sweeps/``, ``mlflow.db``): every store and
+    folder lives in a temp dir. Fails the session's last test otherwise."""
+    before = checkout_files()
+    yield
+    written = sorted(checkout_files() - before)
+    assert not written, f"tests wrote into the checkout {ROOT}: {written[:10]}"

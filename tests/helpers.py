@@ -50,11 +50,11 @@ def compose_config(*overrides: str):
         return compose("config", overrides=list(overrides))
 
 
-def run_cli(*args: str, module: str = "src.train", timeout: int = 600) -> subprocess.CompletedProcess:
-    """``python -m src.train ARGS`` in a real process from the project root."""
+def run_cli(*args: str, module: str = "src.train", timeout: int = 600, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """``python -m src.train ARGS`` in a real process from the project root (or a copy of it: ``cwd``)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
     return subprocess.run(
-        [sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
 
 

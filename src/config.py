@@ -267,7 +267,7 @@ class Config:
     non_blocking: bool = True  # asynchronous host-to-device copies
     oom_retry: bool = False  # on out-of-memory: rerun with half the micro-batch, twice the accumulation
     log_every: int = 10
-    skip_finished: bool = True  # skip a job whose config already has a FINISHED run in the experiment
+    skip_finished: Any = True  # skip a job with a FINISHED run: true (same config and code), config, or false
     rerun: Optional[str] = None  # an MLflow run id: train that run's exact config again
     resume: Optional[str] = None  # a run output folder or MLflow run id: continue that run from its checkpoint
     objective: str = "test/auc"  # what a job returns to the sweeper (Optuna): test/auc, or val/auc (best epoch)
@@ -281,6 +281,8 @@ class Config:
                 "batch_size=derived needs effective_batch_size=<n>: batch_size is "
                 "effective_batch_size / (accumulate x ranks)"
             )
+        if not isinstance(self.skip_finished, bool) and self.skip_finished != "config":
+            raise ValueError(f"skip_finished={self.skip_finished} must be true, false or config")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective={self.objective} is not a job result: use one of {', '.join(OBJECTIVES)}")
         for key in (() if named else ("batch_size",)) + ("accumulate", "epochs", "log_every"):

@@ -28,6 +28,7 @@ from src.parallel.ranks import job_world
 from src.perf import startup
 from src.perf.startup import StartupClock, job_clock
 from src.resolve import check_split_sizes
+from src.tracking.identity import code_fingerprint
 from src.tracking.runs import RunLogger, environment_tags
 from src.tracking.store import best_metric, ensure_store
 from src.tracking.sweep import fail_parent_run, job_parent_id
@@ -40,9 +41,9 @@ def train(cfg: DictConfig) -> float:
     """Train and evaluate one job into its own MLflow run; returns its ``objective``.
 
     ``rerun=<id>`` trains that run's logged config again; ``resume=`` goes on with a stopped run. With
-    ``skip_finished`` a config that already has a FINISHED run (same ``config_hash`` tag) is skipped. Out of
-    memory: the run ends FAILED with tag ``status=oom``; with ``oom_retry`` a new run follows at half the
-    micro-batch and twice the accumulation; otherwise a sweep goes on to its next job.
+    ``skip_finished`` a config that already has a FINISHED run (same ``config_hash`` and ``code_fingerprint`` tags)
+    is skipped. Out of memory: the run ends FAILED with tag ``status=oom``; with ``oom_retry`` a new run follows at
+    half the micro-batch and twice the accumulation; otherwise a sweep goes on to its next job.
     """
     with job_clock() as clock:
         return run_job(cfg, clock)
@@ -109,15 +110,14 @@ def start_run(plan: Plan, cfg: Config, world: int, client, tags: dict[str, str])
     }
     tags = {
         "config_hash": plan.config_hash,
+        "code_fingerprint": code_fingerprint(),
         "overrides": " ".join(plan.overrides),
         "output_dir": str(plan.output_dir.resolve()),
         **({"rerun_of": plan.rerun_of} if plan.rerun_of else {}),
         **tags,
         **environment_tags(),
     }
-    return RunLogger.start(
-        client, cfg.mlflow.experiment, outcome.run_name(plan.overrides), params, tags, parent_id=job_parent_id()
-    )
+    return RunLogger.start(client, cfg.mlflow.experiment, plan.run_name, params, tags, parent_id=job_parent_id())
 
 
 def fail_parent(cfg: DictConfig, error: BaseException) -> None:

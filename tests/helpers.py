@@ -58,18 +58,18 @@ def compose_config(*overrides: str):
         return compose("config", overrides=list(overrides))
 
 
-def run_cli(*args: str, module: str = "src.train", timeout: int = 900) -> subprocess.CompletedProcess:
-    """``python -m src.train ARGS`` in a real process from the project root (:func:`run_process`)."""
-    return run_process([sys.executable, "-m", module, *args], timeout)
+def run_cli(*args: str, module: str = "src.train", timeout: int = 900, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """``python -m src.train ARGS`` in a real process from the project root (or a copy of it: ``cwd``)."""
+    return run_process([sys.executable, "-m", module, *args], timeout, cwd)
 
 
-def run_process(argv: list[str], timeout: int = 900) -> subprocess.CompletedProcess:
-    """``argv`` from the project root in a process group of its own, output captured: past ``timeout`` (a hang;
-    generous, for a loaded machine) the whole group is killed, ranks and workers included."""
+def run_process(argv: list[str], timeout: int = 900, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """``argv`` from ``cwd`` in a process group of its own, output captured: past ``timeout`` (a hang; generous,
+    for a loaded machine) the whole group is killed, ranks and workers included."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
     with subprocess.Popen(
         argv,
-        cwd=ROOT,
+        cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -16,6 +16,7 @@ from src.errors import UsageError
 from src.jobs.plan import Plan
 from src.parallel.preemption import EXIT_PREEMPTED, Preempted, PreemptedExit, Preemption
 from src.perf.memory import predict
+from src.tracking.identity import code_fingerprint
 from src.tracking.runs import RunLogger
 from src.tracking.store import best_metric
 from src.tracking.sweep import SKIPPED_TAG, job_parent_id
@@ -24,14 +25,11 @@ from src.training import checkpoint
 log = logging.getLogger(__name__)
 
 
-def run_name(overrides: list[str]) -> str:
-    return " ".join(overrides)[:250].rstrip() or "defaults"
-
-
 def skip(plan: Plan) -> float:
     """Train nothing: log why, list the job on the sweep's parent run, return the finished run's objective."""
     done = plan.finished
-    log.info("skipping %s: run %s FINISHED with the same config", run_name(plan.overrides), done.info.run_id)
+    same = "config" if plan.cfg.skip_finished == "config" else f"config and code_fingerprint {code_fingerprint()}"
+    log.info("skipping %s: run %s FINISHED with the same %s", plan.run_name, done.info.run_id, same)
     client = mlflow.MlflowClient(plan.tracking_uri)
     if parent_id := job_parent_id():
         RunLogger(client, parent_id).set_tags(

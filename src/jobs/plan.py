@@ -1,10 +1,12 @@
 """What a job will do, decided before any work starts: go on with a run (``resume=``, or a requeued job's own
 checkpoint), train a logged run's config again (``rerun=``), skip a config that already has a FINISHED run
-(``skip_finished``), or train; the config validated against this machine. One frozen :class:`Plan`."""
+(``skip_finished``; by default one trained by this code), or train; the config validated against this machine. One
+frozen :class:`Plan`."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,9 +21,11 @@ from src.jobs import resume as resumption
 from src.jobs.rerun import rerun_config
 from src.perf.autobatch import derived_batch, fit_batch
 from src.resolve import validate
-from src.tracking.identity import config_hash, flatten
+from src.tracking.identity import code_fingerprint, config_hash, flatten, run_name
 from src.tracking.store import ensure_store, finished_run, tracking_uri
 from src.training import checkpoint
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,10 @@ class Plan:
         return config_hash(self.params)
 
     @property
+    def run_name(self) -> str:
+        return run_name(self.overrides, self.config_hash)
+
+    @property
     def tracking_uri(self) -> str:
         return tracking_uri(self.cfg)
 
@@ -60,9 +68,7 @@ def plan_job(cfg: DictConfig, hydra_cfg: DictConfig) -> Plan:
     typed, device = validate(cfg)
     params = flatten(cfg)
     finished = (
-        finished_run(tracking_uri(typed), typed.mlflow.experiment, config_hash(params))
-        if typed.skip_finished and not rerun_of and not resume
-        else None
+        skipped_for(typed, config_hash(params), overrides) if typed.skip_finished and not (rerun_of or resume) else None
     )
     return Plan(
         typed,
@@ -79,6 +85,26 @@ def plan_job(cfg: DictConfig, hydra_cfg: DictConfig) -> Plan:
         rerun_of,
         finished,
     )
+
+
+def skipped_for(cfg: Config, hashed: str, overrides: list[str]) -> mlflow.entities.Run | None:
+    """The FINISHED run with this config (``skip_finished=config``) that was trained by this code
+    (``skip_finished=true``, the ``code_fingerprint`` tag; a run logged without one counts as other code). A run of
+    other code is named in one line, and the job trains again."""
+    fingerprint = code_fingerprint()
+    done = finished_run(tracking_uri(cfg), cfg.mlflow.experiment, hashed, fingerprint)
+    logged = done.data.tags.get("code_fingerprint", "none") if done else None
+    if done is None or cfg.skip_finished == "config" or logged == fingerprint:
+        return done
+    log.info(
+        "running %s again: run %s FINISHED with this config but other code (code_fingerprint %s -> %s); "
+        "skip_finished=config would skip it",
+        run_name(overrides, hashed),
+        done.info.run_id,
+        logged,
+        fingerprint,
+    )
+    return None
 
 
 def resume_point(cfg: DictConfig, job_dir: Path, overrides: list[str]) -> tuple[DictConfig, resumption.Resume | None]:

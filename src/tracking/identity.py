@@ -1,11 +1,15 @@
-"""A run's identity: its flattened config and the hash of what determines its results."""
+"""A run's identity: its flattened config, the hash of what determines its results, the fingerprint of the code
+that computes them, and its name."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-from typing import Any
+from pathlib import Path
+from typing import Any, Iterable
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 NOT_HASHED = (
@@ -19,6 +23,10 @@ NOT_HASHED = (
     "resume",
     "objective",
 )  # how a job is started and what it returns
+NOT_NAMED = (*NOT_HASHED, "hydra.", "hydra/")  # run names leave out Hydra's own settings too
+NAME_LIMIT = 120  # characters; a longer name is cut and ends with the hash
+PACKAGE = Path(__file__).resolve().parents[1]  # src/
+NOT_FINGERPRINTED = ("report/", "summary.py", "memory.py")  # paths under src/ that train nothing
 
 
 def flatten(cfg: DictConfig) -> dict[str, str]:
@@ -36,3 +44,35 @@ def config_hash(params: dict[str, str]) -> str:
     """A short hash of what determines a run's results (not where it logs or caches data)."""
     kept = {k: v for k, v in params.items() if not k.startswith(NOT_HASHED)}
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@functools.cache
+def code_fingerprint(root: Path = PACKAGE) -> str:
+    """A short sha256 over the relative paths and bytes of the ``*.py`` files under ``root`` (the ``src`` package)
+    that can change a run's results: all of them but ``report/`` (reads finished runs), ``summary.py`` and
+    ``memory.py`` (commands that print a model's size or predicted memory and train nothing). Tracking code is
+    included: it decides what a run logs. Computed once per process and root."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root).as_posix()
+        if not relative.startswith(NOT_FINGERPRINTED):
+            data = path.read_bytes()
+            digest.update(f"{relative}\0{len(data)}\0".encode() + data)
+    return digest.hexdigest()[:16]
+
+
+def run_name(overrides: Iterable[str], hashed: str | None = None, prefix: str = "") -> str:
+    """A short, stable name from the overrides that change results (the config hash's rule; Hydra's settings left
+    out, ``+``/``++`` dropped, a key given twice once), after ``prefix``: ``model=densenet121 amp=true seed=1``, or
+    ``defaults``. A name over ``NAME_LIMIT`` characters is cut and ends with ``hashed`` (the job's config hash; by
+    default a hash of the named overrides, for a sweep's parent run), so cut names stay distinct."""
+    overrides = list(overrides)
+    named: dict[str, str] = {}  # a key given twice: its last value, as Hydra applies it
+    for text, override in zip(overrides, OverridesParser.create().parse_overrides(overrides)):
+        if not override.key_or_group.startswith(NOT_NAMED):
+            named[override.key_or_group] = text.lstrip("+")
+    name = " ".join([prefix, *(named.values() or ["defaults"])]).strip()
+    if len(name) <= NAME_LIMIT:
+        return name
+    hashed = hashed or hashlib.sha256(" ".join(named.values()).encode()).hexdigest()[:16]
+    return f"{name[: NAME_LIMIT - len(hashed) - 4].rstrip()}... {hashed}"

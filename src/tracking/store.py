@@ -56,8 +56,10 @@ def store_exists(uri: str) -> bool:
     return not uri.startswith("sqlite:///") or Path(uri.removeprefix("sqlite:///")).exists()
 
 
-def finished_run(uri: str, experiment: str, hashed: str) -> mlflow.entities.Run | None:
-    """The latest FINISHED run of ``experiment`` tagged ``config_hash=hashed``; a store not created yet has none."""
+def finished_run(uri: str, experiment: str, hashed: str, fingerprint: str) -> mlflow.entities.Run | None:
+    """The latest FINISHED run of ``experiment`` tagged ``config_hash=hashed``: the latest with
+    ``code_fingerprint=fingerprint`` when there is one, else the latest of any code; a store not created yet has
+    none."""
     if not store_exists(uri):
         return None
     client = ensure_store(uri)
@@ -65,14 +67,13 @@ def finished_run(uri: str, experiment: str, hashed: str) -> mlflow.entities.Run 
     done = (
         client.search_runs(
             [found.experiment_id],
-            max_results=1,
             order_by=["attributes.end_time DESC"],
             filter_string=f"tags.config_hash = '{hashed}' and attributes.status = 'FINISHED'",
         )
         if found
         else []
     )
-    return done[0] if done else None
+    return next((run for run in done if run.data.tags.get("code_fingerprint") == fingerprint), next(iter(done), None))
 
 
 def best_metric(client: mlflow.MlflowClient, run_id: str, key: str) -> float:

@@ -16,6 +16,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from omegaconf import DictConfig
 
 from src.errors import UsageError
+from src.tracking.identity import code_fingerprint, run_name
 from src.tracking.runs import RunLogger, environment_tags
 from src.tracking.store import ensure_store, tracking_uri
 
@@ -58,13 +59,18 @@ class SweepParentRun(Callback):
             sys.exit(2)
         sweep_dir = Path(config.hydra.sweep.dir)
         overrides = " ".join(config.hydra.overrides.task)
-        name = f"sweep {sweep_dir.name} {overrides}"[:250].rstrip()
         self.parent = RunLogger.start(
             client,
             config.mlflow.experiment,
-            name,
+            run_name(config.hydra.overrides.task, prefix=f"sweep {sweep_dir.name}"),
             params={},
-            tags={"sweep_dir": str(sweep_dir.resolve()), "overrides": overrides, "role": "sweep", **environment_tags()},
+            tags={
+                "sweep_dir": str(sweep_dir.resolve()),
+                "overrides": overrides,
+                "role": "sweep",
+                "code_fingerprint": code_fingerprint(),
+                **environment_tags(),
+            },
         )
         sweep_dir.mkdir(parents=True, exist_ok=True)
         (sweep_dir / PARENT_ID_FILE).write_text(self.parent.run_id)

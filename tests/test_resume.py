@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable, Iterator
 
 import mlflow
 import numpy as np
@@ -27,7 +28,7 @@ from src.tracking.store import ensure_store
 from src.training import checkpoint
 from src.training.faults import fault_hooks
 from src.training.trainer import Hooks, Trainer
-from tests.helpers import RESULTS, ROOT, compose_config, history, run_cli, runs, small_run
+from tests.helpers import RESULTS, ROOT, compose_config, history, kill_group, run_cli, runs, small_run
 
 EPOCHS = 4
 RUN = (f"epochs={EPOCHS}", "skip_finished=false")  # reruns of one config must train, not be skipped
@@ -248,25 +249,41 @@ def test_a_bad_resume_value_fails_the_cli_in_one_line(tmp_path, store, shared_da
 
 
 def wait_for_checkpoint(path: Path, process: subprocess.Popen, epochs_done: int) -> None:
+    deadline = time.monotonic() + 900  # seconds of work; minutes on a loaded machine; a hang fails here
     while not (path.is_file() and checkpoint.load(path, mmap=True)["epoch"] >= epochs_done):
         assert process.poll() is None, process.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"no checkpoint of epoch {epochs_done} in {path}"
         time.sleep(0.02)
 
 
-def popen(*args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "src.train", *args],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+@pytest.fixture
+def popen() -> Iterator[Callable[..., subprocess.Popen]]:
+    """``popen(*args)`` starts ``python -m src.train ARGS`` in a process group of its own; whatever of the group is
+    still running when the test ends (a failed assertion included) is killed."""
+    started = []
+
+    def start(*args: str) -> subprocess.Popen:
+        started.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "src.train", *args],
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                start_new_session=True,
+            )
+        )
+        return started[-1]
+
+    yield start
+    for process in started:
+        kill_group(process)
 
 
 @pytest.mark.slow
 def test_a_run_killed_after_epoch_2_resumes_by_run_id_to_the_uninterrupted_result(
-    tmp_path, store, shared_data, reference
+    tmp_path, store, shared_data, reference, popen
 ):
     process = popen(*small_run(tmp_path, store, shared_data, *RUN))
     wait_for_checkpoint(tmp_path / "run" / checkpoint.FILE, process, epochs_done=2)
@@ -313,12 +330,12 @@ def submitit_task(sweep: Path) -> int | None:
 
 
 @pytest.mark.slow
-def test_submitit_requeue_resumes_the_job_in_its_own_folder(tmp_path, store, shared_data, reference):
+def test_submitit_requeue_resumes_the_job_in_its_own_folder(tmp_path, store, shared_data, reference, popen):
     """submitit's preemption signal (USR2) to the job: checkpoint, requeue by submitit, the new task resumes."""
     process = popen("-m", "hydra/launcher=submitit_local", *small_run(tmp_path, store, shared_data, *RUN))
     wait_for_checkpoint(tmp_path / "sweep" / "0" / checkpoint.FILE, process, epochs_done=1)
     os.kill(submitit_task(tmp_path / "sweep"), signal.SIGUSR2)
-    assert process.wait(timeout=600) == 0, process.communicate()[1][-3000:]
+    assert process.wait(timeout=900) == 0, process.communicate()[1][-3000:]
     (job,) = [r for r in runs(store) if r.data.tags.get("mlflow.parentRunId")]
     assert job.data.tags["resumes"] == "1"
     assert_equals_reference(store, job.info.run_id, tmp_path / "sweep" / "0", reference)

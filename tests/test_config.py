@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from enum import Enum
 
+import mlflow
 import pytest
-from hydra.errors import ConfigCompositionException
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf import OmegaConf
 
 from src import config as schema
-from tests.helpers import ROOT, compose_config
+from src.cli import composition_error
+from src.errors import UsageError
+from src.schema_check import check_known_keys
+from tests.helpers import ROOT, compose_config, run_cli, small_run
 
 GROUPS = {
     group: sorted(p.stem for p in (ROOT / "conf" / group).glob("*.yaml"))
@@ -104,20 +111,175 @@ def test_top_level_keys_are_the_documented_ones():
     assert typed.data.size == 64 and typed.mlflow.experiment == "e"
 
 
+MODEL_KEYS = (
+    "keys of model: name, stem, dsconv, dsconv_mid_norm, activation, norm, init, init_mode, zero_init_residual, "
+    "shortcut, checkpointing, inplace_act: fix the spelling"
+)
+TOP_LEVEL_KEYS = "top-level keys: " + ", ".join(field.name for field in dataclasses.fields(schema.Config))
+MODELS = (
+    "densenet121, densenet169, densenet201, densenet264, "
+    "resnet10, resnet101, resnet152, resnet18, resnet200, resnet34, resnet50"
+)
+
+
 @pytest.mark.parametrize(
-    "override,message",
+    "override,error,line",
     [
-        ("amp=maybe", "amp"),
-        ("model.activation=tanh", "tanh"),
-        ("model.colour=red", "colour"),
-        ("model=resnet7", "resnet7"),
-        ("data=mnist", "mnist"),
+        (
+            "amp=maybe",
+            ConfigCompositionException,
+            "Error merging override amp=maybe; Value 'maybe' is not a valid bool (type str)",
+        ),
+        (
+            "model.activation=tanh",
+            ConfigCompositionException,
+            "Error merging override model.activation=tanh; "
+            "Invalid value 'tanh', expected one of [relu, swish, prelu, gelu, mish]",
+        ),
+        (
+            "model.colour=red",
+            ConfigCompositionException,
+            f"unknown key model.colour (set by model.colour=red): ModelConfig has no such key; {MODEL_KEYS}",
+        ),
+        ("model=resnet7", MissingConfigException, f"model=resnet7 is not an option of model: use one of {MODELS}"),
+        (
+            "data=mnist",
+            MissingConfigException,
+            "data=mnist is not an option of data: use one of adrenalmnist3d, fracturemnist3d, nodulemnist3d, "
+            "organmnist3d, synapsemnist3d, synthetic, vesselmnist3d",
+        ),
+        (
+            "model=resnet7,",
+            OverrideParseException,
+            "cannot parse the override model=resnet7,; mismatched input '<EOF>' expecting {':', BRACKET_OPEN, "
+            "BRACE_OPEN, FLOAT, INT, BOOL, NULL, UNQUOTED_CHAR, ID, ESC, WS, QUOTED_VALUE, INTERPOLATION}; "
+            "See https://hydra.cc/docs/1.2/advanced/override_grammar/basic for details",
+        ),
     ],
 )
-def test_bad_keys_types_and_choices_fail_at_composition(override, message):
-    with pytest.raises(ConfigCompositionException) as err:
+def test_bad_keys_types_and_choices_fail_at_composition_in_one_line(override, error, line):
+    """Hydra's multi-line composition error becomes the one line that ``python -m src.<command>`` prints."""
+    with pytest.raises(error) as raised:
         compose_config(override)
-    assert message in str(err.value) or message in str(err.value.__cause__)
+    assert raised.type is error
+    assert composition_error(raised.value, [override]) == line
+
+
+@pytest.mark.parametrize(
+    "override,line",
+    [
+        (
+            "+model.colour=red",
+            f"unknown key model.colour (forced with +model.colour=red): ModelConfig has no such key; {MODEL_KEYS}",
+        ),
+        (
+            "++model.colour=red",
+            f"unknown key model.colour (forced with ++model.colour=red): ModelConfig has no such key; {MODEL_KEYS}",
+        ),
+        (
+            "+model.sub.x=1",
+            f"unknown key model.sub (forced with +model.sub.x=1): ModelConfig has no such key; {MODEL_KEYS}",
+        ),
+        (
+            "+model.stm=small",
+            "unknown key model.stm (forced with +model.stm=small): ModelConfig has no such key; "
+            "did you mean model.stem?",
+        ),
+        (
+            "+mlflow.experimnt=x",
+            "unknown key mlflow.experimnt (forced with +mlflow.experimnt=x): MlflowConfig has no such key; "
+            "did you mean mlflow.experiment?",
+        ),
+        (
+            "+colour=red",
+            f"unknown key colour (forced with +colour=red): Config has no such key; {TOP_LEVEL_KEYS}: fix the spelling",
+        ),
+    ],
+)
+def test_keys_forced_with_plus_are_refused_at_any_depth(override, line):
+    cfg = compose_config(override)  # Hydra composes them: the schema check refuses them
+    with pytest.raises(UsageError, match=f"^{re.escape(line)}$"):
+        check_known_keys(cfg, [override])
+
+
+def test_report_refuses_a_forced_key():
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("report", overrides=["+bar=1", "sweep=x"])
+    line = (
+        "unknown key bar (forced with +bar=1): ReportConfig has no such key; "
+        "top-level keys: mlflow, sweep, parent, out, margin: fix the spelling"
+    )
+    with pytest.raises(UsageError, match=f"^{re.escape(line)}$"):
+        check_known_keys(cfg, ["+bar=1", "sweep=x"])
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [(), ("++model.stem=small",), ("experiment=accuracy_cpu",), ("preset=seeds",)],
+)
+def test_schema_keys_experiments_and_presets_pass_the_check(overrides):
+    check_known_keys(compose_config(*overrides), overrides)
+
+
+def test_a_swept_forced_key_is_refused_before_the_sweep_starts():
+    """The sweep's config holds no swept value: the callback follows a swept ``+key``'s path through the schema."""
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["hydra.mode=MULTIRUN"], return_hydra_config=True)
+        for fine in (
+            "++model.stem=small,standard",
+            "model.dsconv=true,false",
+            "+experiment=a,b",
+            "+hydra/launcher=a,b",
+        ):
+            check_known_keys(cfg, [fine])
+        line = (
+            f"unknown key model.colour (forced with +model.colour=red,blue): ModelConfig has no such key; {MODEL_KEYS}"
+        )
+        with pytest.raises(UsageError, match=f"^{re.escape(line)}$"):
+            check_known_keys(cfg, ["+model.colour=red,blue"])
+
+
+@pytest.mark.parametrize(
+    "module,args,line",
+    [
+        (
+            "src.train",
+            ("+model.colour=red",),
+            f"unknown key model.colour (forced with +model.colour=red): ModelConfig has no such key; {MODEL_KEYS}",
+        ),
+        (
+            "src.train",
+            ("-m", "+model.colour=red"),
+            f"unknown key model.colour (forced with +model.colour=red): ModelConfig has no such key; {MODEL_KEYS}",
+        ),
+        (
+            "src.memory",
+            ("+model.colour=red",),
+            f"unknown key model.colour (forced with +model.colour=red): ModelConfig has no such key; {MODEL_KEYS}",
+        ),
+        (
+            "src.summary",
+            ("+foo=1",),
+            f"unknown key foo (forced with +foo=1): Config has no such key; {TOP_LEVEL_KEYS}: fix the spelling",
+        ),
+        (
+            "src.report",
+            ("+bar=1", "sweep=x"),
+            "unknown key bar (forced with +bar=1): ReportConfig has no such key; "
+            "top-level keys: mlflow, sweep, parent, out, margin: fix the spelling",
+        ),
+    ],
+    ids=["train", "train-multirun", "memory", "summary", "report"],
+)
+def test_a_forced_unknown_key_stops_each_command_in_one_line_and_creates_no_run(
+    tmp_path, store, shared_data, module, args, line
+):
+    extra = small_run(tmp_path, store, shared_data) if module == "src.train" else (f"mlflow.tracking_uri={store}",)
+    result = run_cli(*args, *extra, module=module)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines() == [f"error: {line}"]
+    client = mlflow.MlflowClient(store)
+    assert client.search_runs([experiment.experiment_id for experiment in client.search_experiments()]) == []
 
 
 @pytest.mark.parametrize(
@@ -125,12 +287,12 @@ def test_bad_keys_types_and_choices_fail_at_composition(override, message):
     [
         ("batch_size=0", "batch_size=0 must be >= 1"),
         ("batch_size=four", "batch_size=four must be an integer >= 1, auto or derived"),
-        ("effective_batch_size=0", "effective_batch_size=0 must be >= 1"),
+        ("effective_batch_size=0", "effective_batch_size=0 must be >= 1 or null"),
         ("accumulate=0", "accumulate=0 must be >= 1"),
-        ("data.size=32", "data.size=32 is not a MedMNIST 3D size"),
-        ("limit_batches=0", "limit_batches=0"),
+        ("data.size=32", "data.size=32 is not a MedMNIST 3D size: use data.size=28 or 64"),
+        ("limit_batches=0", "limit_batches=0 must be >= 1 or null"),
     ],
 )
 def test_cross_field_checks_name_the_value(override, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         OmegaConf.to_object(compose_config(override))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from src.data import SeededPermutation
+from src.errors import UsageError
 from src.parallel import dist
 from tests.helpers import ROOT, history, run_cli, run_process, runs, small_run
 
@@ -68,7 +70,8 @@ def test_rendezvous_holds_its_port_until_the_job_ends():
 def test_gpu_slots_are_exclusive(tmp_path):
     with dist.gpu_slot(tmp_path, 2) as first, dist.gpu_slot(tmp_path, 2) as second:
         assert (first, second) == (0, 1)
-        with pytest.raises(Exception, match="all 2 GPU slots .* are taken: lower hydra.launcher.n_jobs"):
+        message = f"all 2 GPU slots in {tmp_path} are taken: lower hydra.launcher.n_jobs"
+        with pytest.raises(UsageError, match=f"^{re.escape(message)}$"):
             with dist.gpu_slot(tmp_path, 2):
                 pass
     with dist.gpu_slot(tmp_path, 2) as again:

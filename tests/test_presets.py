@@ -88,7 +88,11 @@ def test_a_derived_batch_that_does_not_divide_names_the_fix():
         r"use a multiple of 4",
     ):
         derived_batch(cfg, world=1)
-    with pytest.raises(Exception, match="batch_size=derived needs effective_batch_size=<n>"):
+    with pytest.raises(
+        ValueError,
+        match=r"^batch_size=derived needs effective_batch_size=<n>: "
+        r"batch_size is effective_batch_size / \(accumulate x ranks\)$",
+    ):
         OmegaConf.to_object(compose_config("batch_size=derived"))
 
 

@@ -16,6 +16,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from omegaconf import DictConfig
 
 from src.errors import UsageError
+from src.schema_check import check_known_keys
 from src.tracking.identity import code_fingerprint, run_name
 from src.tracking.runs import RunLogger, environment_tags
 from src.tracking.store import ensure_store, tracking_uri
@@ -53,6 +54,7 @@ class SweepParentRun(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         uri = tracking_uri(config)
         try:
+            check_known_keys(config, config.hydra.overrides.task)
             client = ensure_store(uri)
         except UsageError as err:
             print(f"error: {err}", file=sys.stderr)

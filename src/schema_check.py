@@ -1,0 +1,87 @@
+"""Keys the schema does not declare. Hydra's ``+key=value`` force-adds a key even into a typed node, so after
+composition every node typed with a dataclass of :mod:`src.config` may hold only that dataclass's fields; any
+other key, at any depth, is refused with one :class:`UsageError` line naming it, its override and the valid keys."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any, Iterator, Sequence
+
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig
+
+from src.errors import UsageError
+
+HYDRA_NODE = "hydra"  # Hydra's own settings beside the schema (in a callback's config): Hydra checks them
+
+
+def schema_fields(node: Any) -> list[str] | None:
+    """The fields of the dataclass ``node`` is typed with; None for an untyped node or a plain value."""
+    schema = node._metadata.object_type if isinstance(node, DictConfig) else None
+    return [field.name for field in dataclasses.fields(schema)] if dataclasses.is_dataclass(schema) else None
+
+
+def unknown_keys(node: DictConfig, path: str = "") -> Iterator[tuple[str, DictConfig]]:
+    """``(dotted key, the typed node holding it)`` for each key outside its node's dataclass."""
+    fields = schema_fields(node)
+    for key in node.keys():
+        full = f"{path}.{key}" if path else str(key)
+        if full == HYDRA_NODE:
+            continue
+        if fields is not None and key not in fields:
+            yield full, node
+        elif isinstance(child := node._get_node(key), DictConfig):
+            yield from unknown_keys(child, full)
+
+
+def override_key(override: str) -> str:
+    """``+model.colour=red`` -> ``model.colour``."""
+    return override.lstrip("+~").partition("=")[0]
+
+
+def unknown_key_message(key: str, schema: type, overrides: Sequence[str]) -> str:
+    """``unknown key model.colour (forced with +model.colour=red): ModelConfig has no such key; ...: <the fix>``."""
+    parent, _, name = key.rpartition(".")
+    fields = [field.name for field in dataclasses.fields(schema)]
+    given = next((o for o in overrides if f"{override_key(o)}.".startswith(f"{key}.")), None)
+    origin = f" ({'forced with' if given.startswith('+') else 'set by'} {given})" if given else ""
+    close = difflib.get_close_matches(name, fields, n=3)
+    fix = (
+        f"did you mean {' or '.join(f'{parent}.{c}' if parent else c for c in close)}?"
+        if close
+        else f"{f'keys of {parent}' if parent else 'top-level keys'}: {', '.join(fields)}: fix the spelling"
+    )
+    return f"unknown key {key}{origin}: {schema.__name__} has no such key; {fix}"
+
+
+def check_known_keys(cfg: DictConfig, overrides: Sequence[str]) -> None:
+    """Refuse the first key the schema does not declare: in the composed ``cfg``, or in a swept ``+key=a,b``
+    (Hydra composes swept values only per job, after a sweep has started: its key is followed through ``cfg``)."""
+    for key, node in unknown_keys(cfg):
+        raise UsageError(unknown_key_message(key, node._metadata.object_type, overrides))
+    for key in swept_keys(overrides):
+        _check_path(cfg, key, overrides)
+
+
+def swept_keys(overrides: Sequence[str]) -> Iterator[str]:
+    """The keys that ``+key=a,b`` or ``++key=a,b`` sweeps add; a config group (``+group=a,b``) is no key."""
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        if override.is_sweep_override() and (override.is_add() or override.is_force_add()):
+            key = override.key_or_group
+            if "/" in key or key.partition(".")[0] == HYDRA_NODE:
+                continue
+            if key not in GlobalHydra.instance().config_loader().list_groups(""):
+                yield key
+
+
+def _check_path(cfg: DictConfig, key: str, overrides: Sequence[str]) -> None:
+    node, parts = cfg, key.split(".")
+    for depth, part in enumerate(parts):
+        fields = schema_fields(node)
+        if fields is not None and part not in fields:
+            raise UsageError(unknown_key_message(".".join(parts[: depth + 1]), node._metadata.object_type, overrides))
+        if not isinstance(node, DictConfig) or part not in node:
+            return
+        node = node._get_node(part)

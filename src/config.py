@@ -94,6 +94,11 @@ class Backend(Enum):
     gloo = "gloo"
 
 
+class CheckpointKeep(Enum):
+    last = "last"
+    always = "always"
+
+
 @dataclass
 class ModelConfig:
     """A zoo member and the switches that reach every block."""
@@ -227,6 +232,14 @@ class FaultConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """``keep=last``: the run's ``checkpoint.pt`` stays while the run is unfinished (resume needs it) and is deleted
+    when it ends FINISHED; ``always``: it stays after that too. ``best.pt`` (the tested weights) always stays."""
+
+    keep: CheckpointKeep = CheckpointKeep.last
+
+
+@dataclass
 class MlflowConfig:
     tracking_uri: Optional[str] = None  # null: sqlite:///<project root>/mlflow.db
     experiment: str = "medsweep"
@@ -244,6 +257,7 @@ class Config:
     aug: AugConfig = MISSING
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     amp: bool = False
     amp_dtype: AmpDtype = AmpDtype.auto
     batch_size: Any = 32  # an int >= 1, "auto" (the largest micro-batch that fits mem_budget_mb), or "derived"

@@ -94,7 +94,7 @@ def run_job(cfg: DictConfig, clock: StartupClock) -> float:
                 if not outcome.failed(run, attempt, plan, error):  # out of memory in a sweep: it goes on
                     return float("nan")
                 resume, tags = None, {**tags, "retry_of": run.run_id}  # out of memory: half the micro-batch
-    run.finish("FINISHED")
+    outcome.finish(run, plan.output_dir, plan.cfg.checkpoint.keep)
     log.info("test/acc=%.4f test/auc=%.4f in %.1f s", final["test/acc"], final["test/auc"], final["time/total_s"])
     return best_metric(client, run.run_id, plan.cfg.objective)
 

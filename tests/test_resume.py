@@ -31,7 +31,7 @@ from src.training.trainer import Hooks, Trainer
 from tests.helpers import RESULTS, ROOT, compose_config, history, kill_group, run_cli, runs, small_run
 
 EPOCHS = 4
-RUN = (f"epochs={EPOCHS}", "skip_finished=false")  # reruns of one config must train, not be skipped
+RUN = (f"epochs={EPOCHS}", "skip_finished=false", "checkpoint.keep=always")  # train again; compare checkpoints
 NOT_RESULTS = ("perf/", "mem/", "time/")  # measurements of the process, not results
 FINAL = ("test/", "model/", "time/total_s", "best_epoch", "stopped_epoch")  # logged once, at step `epochs`
 STARTUP = "time/startup"  # logged by each start of the run

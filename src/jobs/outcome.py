@@ -1,5 +1,6 @@
-"""How a job ends besides training to the end: skipped (a FINISHED run has its config), out of memory (its run
-FAILED with ``status=oom``, maybe retried at half the micro-batch), preempted (its run KILLED and resumable)."""
+"""How a job ends: skipped (a FINISHED run has its config), out of memory (its run FAILED with ``status=oom``,
+maybe retried at half the micro-batch), preempted (its run KILLED and resumable), or FINISHED (its artifacts
+logged, its checkpoint deleted unless ``checkpoint.keep=always``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Iterator, NoReturn
 
 import mlflow
 
-from src.config import Config
+from src.config import CheckpointKeep, Config
 from src.errors import UsageError
 from src.jobs.plan import Plan
 from src.parallel.preemption import EXIT_PREEMPTED, Preempted, PreemptedExit, Preemption
@@ -97,12 +98,26 @@ def stop_preempted(run: RunLogger, stop: Preempted, preemption: Preemption) -> N
 
 
 def log_outputs(run: RunLogger, output_dir: Path, job_dir: Path) -> None:
-    """The run's folder as artifacts (``.hydra/``, ``metrics.json``, the log) but not its checkpoint; a
+    """The run's folder as artifacts (``.hydra/``, ``eval/``, ``metrics.json``, the log) but not its weights
+    (``checkpoint.pt``, ``best.pt``: copies of them would double their bytes on a local artifact store); a
     resuming job's own folder (its config and log) under ``resumes/<folder name>``."""
     for path in sorted(output_dir.iterdir()):
         if path.is_dir():
             run.log_artifacts(path, path.name)
-        elif path.name != checkpoint.FILE:
+        elif path.name not in (checkpoint.FILE, checkpoint.BEST_FILE):
             run.client.log_artifact(run.run_id, str(path))
     if job_dir.resolve() != output_dir.resolve():
         run.log_artifacts(job_dir, f"resumes/{job_dir.name}")
+
+
+def finish(run: RunLogger, output_dir: Path, keep: CheckpointKeep) -> None:
+    """Close the run FINISHED, its tag ``best_weights`` naming its ``best.pt``, then delete its ``checkpoint.pt``
+    unless ``keep`` is ``always``. Closed first: a stop in between leaves a FINISHED run's checkpoint (which
+    nothing resumes), never an unfinished run without one."""
+    best = output_dir / checkpoint.BEST_FILE
+    run.set_tags({"best_weights": str(best.resolve())})
+    run.finish("FINISHED")
+    if keep is CheckpointKeep.always:
+        return
+    (output_dir / checkpoint.FILE).unlink(missing_ok=True)
+    log.info("deleted %s (checkpoint.keep=last); the tested weights are in %s", output_dir / checkpoint.FILE, best)

@@ -1,5 +1,6 @@
 """One rank of a job: process group, seeding, the Trainer and its hooks, resumed state, fit; rank 0 logs to the
-job's MLflow run, checkpoints, and writes the evaluation artifacts and ``metrics.json``."""
+job's MLflow run, checkpoints, and writes the evaluation artifacts, the tested weights (``best.pt``) and
+``metrics.json``."""
 
 from __future__ import annotations
 
@@ -165,6 +166,7 @@ def train_rank(job: Job, rank: dist.Rank, device: torch.device, preemption: Pree
             class_names(cfg.data.name, cfg.data.num_classes),
             job.output_dir / "eval",
         )
+        checkpoint.save_weights(trainer.best_state, job.output_dir / checkpoint.BEST_FILE)
         (job.output_dir / METRICS_FILE).write_text(json.dumps(final, indent=2))
     return final
 

@@ -18,6 +18,7 @@ NOT_HASHED = (
     "data.download",
     "data.url",
     "log_every",  # where it logs, caches data
+    "checkpoint.",  # what stays on disk once it is FINISHED
     "skip_finished",
     "rerun",
     "resume",

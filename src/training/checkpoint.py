@@ -2,7 +2,8 @@
 
 The file holds what a :class:`src.training.trainer.Trainer` needs to go on bitwise as if never stopped (model,
 optimizer, GradScaler, LR schedule, RNG states, position, best weights, running sums) and what the job
-needs to find and check the run (MLflow run id, resolved config, micro-batch, ranks).
+needs to find and check the run (MLflow run id, resolved config, micro-batch, ranks). A run that trained to the
+end also leaves ``best.pt``: the tested weights alone, what stays of it once ``checkpoint.pt`` is deleted.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from src.atomic import atomic_path
 
 FILE = "checkpoint.pt"
+BEST_FILE = "best.pt"
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -29,6 +31,16 @@ def save(state: dict[str, Any], path: Path) -> None:
     """Write ``state`` atomically: a crash at any moment leaves the previous checkpoint or the new one."""
     with atomic_path(path) as tmp:
         torch.save(state, tmp)
+
+
+def save_weights(state_dict: dict[str, torch.Tensor], path: Path) -> None:
+    """Write a model's ``state_dict`` atomically, on the CPU, floating tensors in fp32: it loads with
+    ``torch.load(path, weights_only=True)`` into ``build_model(...)`` on any machine."""
+    weights = {
+        key: value.detach().cpu().float() if value.is_floating_point() else value.detach().cpu()
+        for key, value in state_dict.items()
+    }
+    save(weights, path)
 
 
 def load(path: Path, mmap: bool = False) -> dict[str, Any]:

@@ -50,11 +50,12 @@ def compose_config(*overrides: str):
         return compose("config", overrides=list(overrides))
 
 
-def run_cli(*args: str, module: str = "src.train", timeout: int = 600) -> subprocess.CompletedProcess:
-    """``python -m src.train ARGS`` in a real process from the project root."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
+def run_cli(*args: str, module: str = "src.train", timeout: int = 600, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """``python -m src.train ARGS`` in a real process from ``cwd`` (the project root's code either way)."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0", "PYTHONPATH": path}
     return subprocess.run(
-        [sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
 
 

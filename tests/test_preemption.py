@@ -60,6 +60,7 @@ def test_the_parent_status_follows_its_children(client, request, children, statu
     assert parent_status(client.search_runs([experiment])) == status
 
 
+@pytest.mark.slow
 def test_sigterm_in_a_local_sweep_leaves_the_parent_killed(tmp_path, store, shared_data):
     """The first job finishes, the second is preempted mid-epoch (a real SIGTERM): the sweep stops, exit 143."""
     result = run_cli("-m", *small_run(tmp_path, store, shared_data, "fault.term_step=null,4"))

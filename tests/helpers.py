@@ -59,14 +59,16 @@ def compose_config(*overrides: str):
 
 
 def run_cli(*args: str, module: str = "src.train", timeout: int = 900, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    """``python -m src.train ARGS`` in a real process from the project root (or a copy of it: ``cwd``)."""
+    """``python -m src.train ARGS`` in a real process from ``cwd`` (the project root, a copy of it, or another
+    folder: the project's code is on ``PYTHONPATH`` after the folder's own)."""
     return run_process([sys.executable, "-m", module, *args], timeout, cwd)
 
 
 def run_process(argv: list[str], timeout: int = 900, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """``argv`` from ``cwd`` in a process group of its own, output captured: past ``timeout`` (a hang; generous,
     for a loaded machine) the whole group is killed, ranks and workers included."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0", "PYTHONPATH": path}
     with subprocess.Popen(
         argv,
         cwd=cwd,

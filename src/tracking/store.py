@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import logging
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -10,8 +13,11 @@ import mlflow
 
 from src.errors import UsageError
 
+log = logging.getLogger(__name__)
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TRACKING_URI = f"sqlite:///{PROJECT_ROOT / 'mlflow.db'}"
+ARTIFACTS_FOLDER = "mlartifacts"  # beside an SQLite store, as `mlflow server` keeps ./mlartifacts beside its own
 
 
 def tracking_uri(cfg: Any) -> str:
@@ -46,9 +52,46 @@ def ensure_store(uri: str) -> mlflow.MlflowClient:
     return client
 
 
+def artifact_root(uri: str) -> str | None:
+    """Where an SQLite store's new experiments keep their artifacts: ``<store's folder>/mlartifacts`` (the folder
+    ``mlflow server`` uses by default), as an absolute file URI, whatever the working directory; None for other
+    stores (their server decides)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return (Path(uri.removeprefix("sqlite:///")).resolve().parent / ARTIFACTS_FOLDER).as_uri()
+
+
 def experiment_id(client: mlflow.MlflowClient, name: str) -> str:
+    """The id of experiment ``name``; created if missing, in an SQLite store with its artifacts in
+    ``<artifact_root>/<experiment id>``. One that keeps them under the working directory is used as it is, with a
+    warning."""
     experiment = client.get_experiment_by_name(name)
-    return experiment.experiment_id if experiment else client.create_experiment(name)
+    if experiment is not None:
+        warn_if_under_cwd(experiment.name, experiment.artifact_location)
+        return experiment.experiment_id
+    root = artifact_root(client.tracking_uri)
+    if root is None:
+        return client.create_experiment(name)
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore  # what the client opens an SQLite store with
+
+    return SqlAlchemyStore(client.tracking_uri, root).create_experiment(name)  # it appends the id to the root
+
+
+@functools.cache
+def warn_if_under_cwd(name: str, location: str) -> None:
+    """Warn once per experiment and location when the artifacts of ``name`` go under the working directory."""
+    parsed = urllib.parse.urlparse(location)
+    if parsed.scheme not in ("", "file"):
+        return
+    cwd = Path.cwd().resolve()
+    if Path(urllib.parse.unquote(parsed.path)).resolve().is_relative_to(cwd):
+        log.warning(
+            "experiment %s keeps its artifacts in %s, under the working directory %s: run from another folder, "
+            "or set mlflow.experiment to a new experiment (its artifacts go beside the store)",
+            name,
+            location,
+            cwd,
+        )
 
 
 def store_exists(uri: str) -> bool:

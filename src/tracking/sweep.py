@@ -12,6 +12,7 @@ import mlflow
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
+from mlflow.entities import Run
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from omegaconf import DictConfig
 
@@ -38,8 +39,26 @@ def job_parent_id() -> str | None:
     return read_parent_id(Path(hydra_cfg.sweep.dir)) if hydra_cfg.mode is RunMode.MULTIRUN else None
 
 
+def parent_status(children: list[Run]) -> str:
+    """A sweep's status from its jobs' runs: FINISHED when all finished; KILLED when some were preempted (KILLED,
+    tagged ``preempted=true``) and none failed otherwise; else FAILED. An out-of-memory attempt that was retried
+    (FAILED, tagged ``retried=true``) is no failure: its retry's run counts."""
+
+    def marked(run: Run, status: str, tag: str) -> bool:
+        return run.info.status == status and run.data.tags.get(tag) == "true"
+
+    preempted = [run for run in children if marked(run, "KILLED", "preempted")]
+    failed = [
+        run
+        for run in children
+        if run.info.status != "FINISHED" and run not in preempted and not marked(run, "FAILED", "retried")
+    ]
+    return "FAILED" if failed else "KILLED" if preempted else "FINISHED"
+
+
 def fail_parent_run(cfg: DictConfig) -> None:
-    """A failed job of a sweep marks the sweep's parent run FAILED (its own run is already closed)."""
+    """A failed job of a sweep marks the sweep's parent run FAILED (its own run is already closed; it may have
+    failed before it had one), which its close keeps."""
     if parent_id := job_parent_id():
         mlflow.MlflowClient(tracking_uri(cfg)).set_terminated(parent_id, "FAILED")
 
@@ -47,8 +66,9 @@ def fail_parent_run(cfg: DictConfig) -> None:
 class SweepParentRun(Callback):
     """Hydra callback: one parent MLflow run per multirun, closed whatever happens to the jobs.
 
-    Hydra skips ``on_multirun_end`` when a job raises, so an ``atexit`` hook closes the parent FAILED
-    then; a job that fails also marks it FAILED itself (its process may be a launcher's worker).
+    Both ways it closes give it :func:`parent_status` of its jobs' runs: ``on_multirun_end``, and an
+    ``atexit`` hook for when a job raises or is preempted (Hydra skips ``on_multirun_end`` then). A job that
+    fails also marks it FAILED itself (its process may be a launcher's worker); the close keeps that.
     """
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -76,18 +96,20 @@ class SweepParentRun(Callback):
         )
         sweep_dir.mkdir(parents=True, exist_ok=True)
         (sweep_dir / PARENT_ID_FILE).write_text(self.parent.run_id)
-        atexit.register(self._close, "FAILED")
+        atexit.register(self._close)
         log.info("MLflow parent run %s (%s)", self.parent.run_id, uri)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         atexit.unregister(self._close)
-        children = self.parent.client.search_runs(
-            [self.parent.client.get_run(self.parent.run_id).info.experiment_id],
-            filter_string=f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{self.parent.run_id}'",
-        )
-        failed = any(run.info.status != "FINISHED" and run.data.tags.get("retried") != "true" for run in children)
-        self._close("FAILED" if failed else "FINISHED")
+        self._close()
 
-    def _close(self, status: str) -> None:
-        if self.parent.client.get_run(self.parent.run_id).info.status == "RUNNING" or status == "FAILED":
-            self.parent.finish(status)
+    def _close(self) -> None:
+        client, run_id = self.parent.client, self.parent.run_id
+        parent = client.get_run(run_id)
+        if parent.info.status == "FAILED":  # a job marked it
+            return
+        children = client.search_runs(  # the FINISHED ones change nothing: a long sweep's close reads only the rest
+            [parent.info.experiment_id],
+            filter_string=f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{run_id}' and attributes.status != 'FINISHED'",
+        )
+        self.parent.finish(parent_status(children))

@@ -1,0 +1,145 @@
+"""Stop signals in sweeps and DDP, and where a store's artifacts go: real processes, a real MLflow store."""
+
+from __future__ import annotations
+
+import logging
+
+import mlflow
+import pytest
+import torch
+
+from src.parallel.preemption import EXIT_PREEMPTED
+from src.tracking.store import ensure_store, experiment_id
+from src.tracking.sweep import parent_status
+from src.training import checkpoint
+from tests.helpers import RESULTS, history, run_cli, runs, small_run
+
+NOT_RESULTS = ("perf/", "mem/", "time/")  # measurements of the process, not results
+
+
+def sweep_runs(store: str) -> tuple[mlflow.entities.Run, list[mlflow.entities.Run]]:
+    """The sweep's parent run and its jobs' runs."""
+    (parent,) = [r for r in runs(store) if r.data.tags.get("role") == "sweep"]
+    return parent, [r for r in runs(store) if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+
+
+# -- the parent run's status -------------------------------------------------------------------------------
+
+PREEMPTED = ("KILLED", {"preempted": "true"})
+OOM_RETRIED = ("FAILED", {"status": "oom", "retried": "true"})
+OOM = ("FAILED", {"status": "oom", "retried": "false"})
+FINISHED = ("FINISHED", {})
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory) -> mlflow.MlflowClient:
+    """One store for the cases (creating one takes seconds)."""
+    return ensure_store(f"sqlite:///{tmp_path_factory.mktemp('statuses') / 'mlflow.db'}")
+
+
+@pytest.mark.parametrize(
+    "children,status",
+    [
+        ([], "FINISHED"),
+        ([FINISHED, FINISHED], "FINISHED"),
+        ([OOM_RETRIED, FINISHED], "FINISHED"),
+        ([FINISHED, PREEMPTED], "KILLED"),
+        ([OOM_RETRIED, PREEMPTED], "KILLED"),
+        ([OOM, PREEMPTED], "FAILED"),
+        ([("FAILED", {}), PREEMPTED], "FAILED"),
+        ([("KILLED", {}), FINISHED], "FAILED"),  # Ctrl-C: not resumable by the sweep's own means
+        ([("RUNNING", {}), PREEMPTED], "FAILED"),  # a job that never closed its run
+    ],
+)
+def test_the_parent_status_follows_its_children(client, request, children, status):
+    experiment = experiment_id(client, request.node.name)  # one experiment per case
+    for end, tags in children:
+        run = client.create_run(experiment, tags=tags)
+        if end != "RUNNING":
+            client.set_terminated(run.info.run_id, end)
+    assert parent_status(client.search_runs([experiment])) == status
+
+
+@pytest.mark.slow
+def test_sigterm_in_a_local_sweep_leaves_the_parent_killed(tmp_path, store, shared_data):
+    """The first job finishes, the second is preempted mid-epoch (a real SIGTERM): the sweep stops, exit 143."""
+    result = run_cli("-m", *small_run(tmp_path, store, shared_data, "fault.term_step=null,4"))
+    assert result.returncode == EXIT_PREEMPTED, result.stderr[-3000:]
+    parent, children = sweep_runs(store)
+    by_status = {r.info.status: r for r in children}
+    assert len(children) == 2 and by_status.keys() == {"FINISHED", "KILLED"}
+    assert by_status["KILLED"].data.tags["preempted"] == "true"
+    assert parent.info.status == "KILLED"
+
+
+def test_a_sweep_whose_job_fails_before_its_run_leaves_the_parent_failed(tmp_path, store, shared_data):
+    """A job that fails with no run of its own (its data file is missing) marks the parent FAILED; the close
+    keeps it, though no child run failed."""
+    args = [a for a in small_run(tmp_path, store, shared_data) if not a.startswith("data=")]
+    result = run_cli("-m", "data=organmnist3d,adrenalmnist3d", *args)
+    assert result.returncode == 2
+    assert "organmnist3d.npz not found and data.download=false" in result.stderr.strip().splitlines()[-1]
+    parent, children = sweep_runs(store)
+    assert children == [] and parent.info.status == "FAILED"
+
+
+# -- DDP: SIGTERM mid-epoch, then resume -------------------------------------------------------------------
+
+
+def results(uri: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
+    return {key: values for key, values in history(uri, run_id).items() if not key.startswith(NOT_RESULTS)}
+
+
+@pytest.mark.slow
+def test_ddp_stopped_by_sigterm_mid_epoch_resumes_to_the_uninterrupted_metrics(tmp_path, store, shared_data):
+    """2 gloo ranks; rank 0 SIGTERMs itself after step 4 (epoch 2, step 1 of 3); ``log_every=1`` lets the ranks
+    agree at every step, so they stop at the next one together."""
+    ddp = ("device=cpu", "parallel=ddp", "parallel.nproc=2", "log_every=1", "skip_finished=false")
+    whole = run_cli(*small_run(tmp_path / "whole", store, shared_data, *ddp))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    (reference,) = runs(store)
+
+    stopped = run_cli(*small_run(tmp_path / "parts", store, shared_data, *ddp, "fault.term_step=4"))
+    assert stopped.returncode == EXIT_PREEMPTED, stopped.stderr[-3000:]
+    (run,) = [r for r in runs(store) if r.info.run_id != reference.info.run_id]
+    assert run.info.status == "KILLED" and run.data.tags["preempted"] == "true"
+    state = torch.load(tmp_path / "parts" / "run" / checkpoint.FILE, weights_only=True)
+    assert (state["epoch"], state["step"], len(state["running"]["loss"])) == (1, 1, 2)  # both ranks' sums
+
+    again = run_cli(f"resume={run.info.run_id}", f"mlflow.tracking_uri={store}", f"hydra.run.dir={tmp_path}/again")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert mlflow.MlflowClient(store).get_run(run.info.run_id).info.status == "FINISHED"
+    assert RESULTS <= set(results(store, run.info.run_id))
+    assert results(store, run.info.run_id) == results(store, reference.info.run_id)
+
+
+# -- artifacts beside an SQLite store ----------------------------------------------------------------------
+
+
+def test_an_sqlite_store_keeps_the_artifacts_beside_it_whatever_the_working_directory(tmp_path, shared_data):
+    (tmp_path / "store").mkdir()
+    (tmp_path / "cwd").mkdir()
+    store = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    result = run_cli(*small_run(tmp_path, store, shared_data, "epochs=1"), cwd=tmp_path / "cwd")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = runs(store)
+    beside = tmp_path / "store" / "mlartifacts" / run.info.experiment_id / run.info.run_id / "artifacts"
+    assert run.info.artifact_uri == beside.as_uri()
+    assert (beside / "metrics.json").is_file() and (beside / ".hydra" / "config.yaml").is_file()
+    assert list((tmp_path / "cwd").iterdir()) == []
+
+
+def test_an_experiment_with_artifacts_under_the_working_directory_is_used_with_one_warning(
+    tmp_path, store, monkeypatch, caplog
+):
+    client = ensure_store(store)
+    created = client.create_experiment("old", artifact_location=str(tmp_path / "mlruns" / "old"))
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="src.tracking.store"):
+        assert experiment_id(client, "old") == experiment_id(client, "old") == created
+    assert [r.getMessage() for r in caplog.records] == [
+        f"experiment old keeps its artifacts in {tmp_path / 'mlruns' / 'old'}, under the working directory "
+        f"{tmp_path}: run from another folder, or set mlflow.experiment to a new experiment (its artifacts go "
+        "beside the store)"
+    ]
+    assert client.get_experiment(created).artifact_location == str(tmp_path / "mlruns" / "old")  # left as it is

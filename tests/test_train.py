@@ -121,7 +121,8 @@ def test_bad_inputs_fail_in_one_line_and_touch_no_finished_run(tmp_path, store, 
         result = run_cli(*small_run(tmp_path / "bad", store, shared_data, *overrides))
         assert result.returncode == 2, (overrides, result.stderr[-2000:])
         lines = result.stderr.strip().splitlines()
-        assert lines[-1].startswith("error: ") and message in lines[-1], (overrides, result.stderr[-2000:])
+        assert [line for line in lines if line.startswith("error:")] == lines[-1:], (overrides, result.stderr[-2000:])
+        assert lines[-1].startswith(f"error: {message}"), (overrides, lines[-1])
         assert "Traceback" not in result.stderr
     (after,) = runs(store)
     assert after.info.status == "FINISHED" and after.data.metrics == finished.data.metrics

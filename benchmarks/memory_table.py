@@ -2,6 +2,7 @@
 
     python -m benchmarks.memory_table --threads 2 --steps 3              # from the project root
     python -m benchmarks.memory_table --held-out                         # cells the constants were not fitted on
+    python -m benchmarks.memory_table --stems --threads 1 --repeats 3    # 28^3, both stems, lowest of 3 readings
 
 Each cell builds the model, loaders and ``Trainer`` with ``src.training.build.build_trainer`` as a run's rank
 does (real AdrenalMNIST3D, ``data.loader=tensor``), predicts with :func:`src.perf.memory.predict` as a run does,
@@ -48,6 +49,14 @@ HELD_OUT = (  # other models, batches, optimizers, two epochs (fit's copy of the
     "model=densenet121 data.size=64 model.stem=standard batch_size=32 amp=true model.checkpointing=true",
     "model=densenet121 data.size=28 model.stem=small batch_size=2 limit_batches=2",
     "model=densenet121 data.size=28 model.stem=small batch_size=2 limit_batches=2 model.checkpointing=true",
+)
+
+
+STEMS = tuple(  # 28^3 fp32, the small (MedMNIST) and the standard stem: resnet18's large weights against densenet121's
+    f"model={model} data.size=28 model.stem={stem} batch_size={batch}"
+    for model in ("resnet18", "densenet121")
+    for stem in ("small", "standard")
+    for batch in BATCHES
 )
 
 
@@ -122,6 +131,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps per cell (limit_batches)")
     parser.add_argument("--held-out", action="store_true", help="the held-out cells instead of the grid")
+    parser.add_argument("--stems", action="store_true", help="the 28^3 small/standard stem cells instead of the grid")
+    parser.add_argument("--repeats", type=int, default=1, help="fresh processes per cell; the lowest reading is kept")
     parser.add_argument("--cell", nargs=argparse.REMAINDER, help="run one cell with these overrides, print JSON")
     args = parser.parse_args()
     fixed = [
@@ -138,29 +149,36 @@ def main() -> None:
         return
     print(f"| {' | '.join(COLUMNS.values())} | other | predicted MiB | activations MiB | measured MiB | ratio |")
     print("|---" * (len(COLUMNS) + 5) + "|")
-    for overrides in [cell.split() for cell in HELD_OUT] if args.held_out else grid():
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "benchmarks.memory_table",
-                "--data-root",
-                args.data_root,
-                "--threads",
-                str(args.threads),
-                "--device",
-                args.device,
-                "--steps",
-                str(args.steps),
-                "--cell",
-                *overrides,
-            ],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        print(row(overrides, json.loads(result.stdout.splitlines()[-1])), flush=True)
+    cells = HELD_OUT if args.held_out else STEMS if args.stems else None
+    for overrides in [cell.split() for cell in cells] if cells else grid():
+        readings = [measure(args, overrides) for _ in range(args.repeats)]
+        print(row(overrides, min(readings, key=lambda result: result["measured_mb"])), flush=True)
+
+
+def measure(args: argparse.Namespace, overrides: list[str]) -> dict:
+    """One cell in a fresh interpreter (``--cell``), its JSON result."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.memory_table",
+            "--data-root",
+            args.data_root,
+            "--threads",
+            str(args.threads),
+            "--device",
+            args.device,
+            "--steps",
+            str(args.steps),
+            "--cell",
+            *overrides,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(result.stdout.splitlines()[-1])
 
 
 if __name__ == "__main__":

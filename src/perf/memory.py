@@ -31,8 +31,10 @@ the largest activation, fitted for the least worst-case error over a 16-cell gri
 8%; a fixed term alone did 20%, fixed plus a fraction of the activations 16%, fixed plus a fraction of
 the other components 14%). Held-out cells: 11 of 12 within 15%; at 64^3 and batch 32, where the largest
 activation is 256 MiB, it over-predicts (resnet10 by 29%, resnet18 by 16%). The same cell measured again
-spreads by up to 8%. On CUDA the workspace is 0 (cuDNN and cuBLAS workspaces not calibrated: no GPU
-measured yet).
+spreads by up to 8%. Under-predicted: resnet18 with the small stem at 28^3 (measured 1.20-1.24x at
+batch 4 and 16, one thread): glibc serves its chunks up to 32 MiB (activations, gradients, Adam state,
+oneDNN's weight copies) from a heap whose freed chunks stay resident, not modelled (``docs/benchmarks.md``).
+On CUDA the workspace is 0 (cuDNN and cuBLAS workspaces not calibrated: no GPU measured yet).
 
 Not modelled: ``compile=true`` (the replay is eager), DDP's gradient buckets (about 1x the parameters per
 rank), ``data.loader=dataloader`` workers, the evaluation forward (no grad, below the training peak).

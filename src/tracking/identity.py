@@ -25,7 +25,7 @@ NOT_HASHED = (
     "objective",
 )  # how a job is started and what it returns
 NOT_NAMED = (*NOT_HASHED, "hydra.", "hydra/")  # run names leave out Hydra's own settings too
-NAME_LIMIT = 120  # characters; a longer name is cut and ends with the hash
+NAME_LIMIT = 160  # characters (MLflow keeps 250); a longer name is cut and ends with the hash
 PACKAGE = Path(__file__).resolve().parents[1]  # src/
 NOT_FINGERPRINTED = ("report/", "summary.py", "memory.py")  # paths under src/ that train nothing
 

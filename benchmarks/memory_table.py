@@ -85,7 +85,6 @@ def run_cell(overrides: list[str]) -> dict:
 
     from src import config as schema
     from src.parallel.ranks import seed_everything
-    from src.perf.heap import fix_mmap_threshold
     from src.perf.memory import predict
     from src.resolve import resolve_device
     from src.training.build import build_trainer
@@ -96,7 +95,6 @@ def run_cell(overrides: list[str]) -> dict:
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = OmegaConf.to_object(compose("config", overrides=overrides))
     device = resolve_device(cfg)
-    fix_mmap_threshold()
     seed_everything(cfg)
     prediction = predict(cfg, device)
     trainer = build_trainer(cfg, device, hooks=Hooks(epoch_metrics=(Mfu.of(cfg, device, 1),)))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 
 import pytest
 import torch
@@ -12,9 +11,9 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from src.models import build_model
-from src.perf import heap, memory
+from src.perf import memory
 from src.training.optim import build_optimizer
-from tests.helpers import compose_config, run_cli, run_process
+from tests.helpers import compose_config, run_cli
 
 CPU = torch.device("cpu")
 TOLERANCE = 0.15  # the predictor's contract on CPU: measured / predicted within 1 +- 15%
@@ -215,36 +214,3 @@ def test_densenet121_checkpointed_run_matches_the_prediction(shared_data):
             "model.checkpointing=true",
         )
     )
-
-
-HEAP_PROBE = """
-import ctypes, sys, torch
-from src.perf.heap import fix_mmap_threshold
-
-class Mallinfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
-                                                     "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-libc = ctypes.CDLL("libc.so.6")
-libc.mallinfo2.restype = Mallinfo2
-fixed = sys.argv[1] == "fixed" and fix_mmap_threshold()
-for _ in range(3):  # freeing 8 MiB blocks raises glibc's own threshold above them
-    block = torch.ones(2 << 20)
-    del block
-block = torch.ones(2 << 20)
-print(fixed, libc.mallinfo2().hblkhd >= 8 << 20)  # mapped on its own: handed back when freed
-"""
-
-
-@pytest.mark.parametrize("mode,expected", [("fixed", "True True"), ("default", "False False")])
-def test_a_fixed_mmap_threshold_keeps_freed_blocks_out_of_the_heap(mode, expected):
-    """glibc's default keeps an 8 MiB block in its heap after a few were freed (resident when freed again);
-    with ``fix_mmap_threshold`` it is mapped on its own. A fresh process each: the setting is process-wide."""
-    result = run_process([sys.executable, "-c", HEAP_PROBE, mode])
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.split() == expected.split()
-
-
-def test_a_threshold_the_user_set_is_left_alone(monkeypatch):
-    monkeypatch.setenv(heap.ENV, "131072")
-    assert heap.fix_mmap_threshold() is False

@@ -24,7 +24,6 @@ from src.parallel import dist
 from src.parallel.launch import METRICS_FILE
 from src.parallel.preemption import Preempted, Preemption
 from src.parallel.ranks import data_parallel_width, seed_everything
-from src.perf.heap import fix_mmap_threshold
 from src.perf.memory import predicted_memory_metrics
 from src.perf.startup import StartupClock
 from src.resolve import resolve_amp_dtype
@@ -110,7 +109,6 @@ def run_rank(
 def train_rank(job: Job, rank: dist.Rank, device: torch.device, preemption: Preemption) -> dict[str, float]:
     cfg, clock = job.cfg, job.startup or StartupClock.begin()
     clock.mark("launch")
-    fix_mmap_threshold()  # freed blocks of 4 MiB and more leave the resident set (mem/peak_mb, the predictor)
     threads = seed_everything(cfg, ranks_on_node=int(os.environ.get("LOCAL_WORLD_SIZE", rank.world)))
     log.info("rank %d/%d on %s with %d threads", rank.rank, rank.world, device, threads)
     mfu = Mfu.of(cfg, device, rank.world * data_parallel_width(cfg, job.gpus)) if rank.is_main else None

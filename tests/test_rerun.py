@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from src.errors import UsageError
 from src.jobs.rerun import rerun_config
-from src.tracking.store import ensure_store
+from src.tracking.store import ensure_store, experiment_id
 from tests.helpers import compose_config, history, run_cli, runs, small_run
 
 
@@ -58,7 +58,7 @@ def refused(store: str, *overrides: str) -> str:
 def test_unknown_runs_runs_without_a_config_and_result_keys_are_refused(store):
     assert "rerun=0123abcd is not a run in" in refused(store, "rerun=0123abcd")
     client = ensure_store(store)
-    empty = client.create_run(client.create_experiment("medsweep")).info.run_id
+    empty = client.create_run(experiment_id(client, "medsweep")).info.run_id
     assert f"rerun={empty} has no .hydra/config.yaml artifact" in refused(store, f"rerun={empty}")
     message = refused(store, f"rerun={empty}", "data.root=/x", "model=resnet18")
     assert message.startswith(f"model cannot change next to rerun={empty}") and "data.root" in message
@@ -69,7 +69,7 @@ def test_non_result_keys_replace_the_logged_ones(tmp_path, store):
     logged = compose_config("model=resnet10", "seed=4", "data.root=/old", "mlflow.experiment=old")
     (tmp_path / ".hydra").mkdir()
     OmegaConf.save(logged, tmp_path / ".hydra" / "config.yaml")
-    run_id = client.create_run(client.create_experiment("medsweep")).info.run_id
+    run_id = client.create_run(experiment_id(client, "medsweep")).info.run_id
     client.log_artifacts(run_id, str(tmp_path / ".hydra"), ".hydra")
 
     overrides = [f"rerun={run_id}", "data.root=/new"]

@@ -101,9 +101,10 @@ class SweepParentRun(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         atexit.unregister(self._close)
-        self._close()
+        self._close(complete=True)
 
-    def _close(self) -> None:
+    def _close(self, complete: bool = False) -> None:
+        """Close with :func:`parent_status`; a sweep that did not reach its end (``atexit``) is not FINISHED."""
         client, run_id = self.parent.client, self.parent.run_id
         parent = client.get_run(run_id)
         if parent.info.status == "FAILED":  # a job marked it
@@ -112,4 +113,5 @@ class SweepParentRun(Callback):
             [parent.info.experiment_id],
             filter_string=f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{run_id}' and attributes.status != 'FINISHED'",
         )
-        self.parent.finish(parent_status(children))
+        status = parent_status(children)
+        self.parent.finish("FAILED" if status == "FINISHED" and not complete else status)

@@ -240,9 +240,20 @@ class CheckpointConfig:
 
 
 @dataclass
-class MlflowConfig:
+class StoreConfig:
     tracking_uri: Optional[str] = None  # null: sqlite:///<project root>/mlflow.db
+
+
+@dataclass
+class MlflowConfig(StoreConfig):
     experiment: str = "medsweep"
+    system_metrics: bool = True  # MLflow's system metrics (CPU, memory, GPU) on each job's run, per node
+    system_metrics_interval_s: float = 10.0  # seconds between samples
+    log_model: bool = False  # the best-validation weights as an MLflow PyTorch model (the run's logged model)
+
+    def __post_init__(self) -> None:
+        if self.system_metrics_interval_s <= 0:
+            raise ValueError(f"mlflow.system_metrics_interval_s={self.system_metrics_interval_s} must be > 0")
 
 
 @dataclass
@@ -285,6 +296,8 @@ class Config:
     rerun: Optional[str] = None  # an MLflow run id: train that run's exact config again
     resume: Optional[str] = None  # a run output folder or MLflow run id: continue that run from its checkpoint
     objective: str = "test/auc"  # what a job returns to the sweeper (Optuna): test/auc, or val/auc (best epoch)
+    tags: list[str] = field(default_factory=list)  # MLflow tags <name>=true on every job's run and the sweep's
+    dry_run: bool = False  # list what the job (or each job of -m) would do; train nothing, log nothing
 
     def __post_init__(self) -> None:
         named = self.batch_size in ("auto", "derived")
@@ -319,7 +332,7 @@ class Config:
 
 
 @dataclass
-class ReportMlflowConfig(MlflowConfig):
+class ReportMlflowConfig(StoreConfig):
     experiment: Optional[str] = None  # a selector here: report every run of this experiment
 
 
@@ -332,6 +345,8 @@ class ReportConfig:
     parent: Optional[str] = None  # a sweep's parent run id
     out: Optional[str] = None  # null: <sweep folder>/report, else reports/<parent run id or experiment>
     margin: float = 0.01  # test-AUC loss a switch may cost and still be judged "no loss"
+    tags: list[str] = field(default_factory=list)  # only the runs carrying every one of these tags
+    register: Optional[str] = None  # register the best run's logged model (by val/auc) under this name
 
     def __post_init__(self) -> None:
         if self.margin < 0:

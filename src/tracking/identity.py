@@ -23,6 +23,8 @@ NOT_HASHED = (
     "rerun",
     "resume",
     "objective",
+    "tags",
+    "dry_run",
 )  # how a job is started and what it returns
 NOT_NAMED = (*NOT_HASHED, "hydra.", "hydra/")  # run names leave out Hydra's own settings too
 NAME_LIMIT = 160  # characters (MLflow keeps 250); a longer name is cut and ends with the hash

@@ -6,6 +6,7 @@ OmegaConf matches an override against the member *name*.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Optional
@@ -329,6 +330,7 @@ class Config:
             raise ValueError(f"warmup_epochs={self.warmup_epochs} must be >= 0 and < epochs={self.epochs}")
         if self.grad_clip is not None and self.grad_clip <= 0:
             raise ValueError(f"grad_clip={self.grad_clip} must be > 0 or null")
+        check_tags(self.tags)
 
 
 @dataclass
@@ -351,6 +353,23 @@ class ReportConfig:
     def __post_init__(self) -> None:
         if self.margin < 0:
             raise ValueError(f"margin={self.margin} must be >= 0 (an AUC difference)")
+        check_tags(self.tags)
+
+
+TAG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+RESERVED_TAGS = frozenset(  # the undotted tag keys medsweep writes itself (its dotted ones cannot clash)
+    "config_hash code_fingerprint overrides output_dir rerun_of retry_of git_commit torch_version cuda_version host "
+    "device num_threads status retried preempted resume_with resumes resumed_at best_weights sweep_dir role".split()
+)
+
+
+def check_tags(tags: list[str]) -> None:
+    """``tags`` become MLflow tags ``<name>=true``: letters, digits, ``_`` and ``-``, none of medsweep's own keys."""
+    for name in tags:
+        if not TAG_NAME.fullmatch(str(name)):
+            raise ValueError(f"tags: {name!r} is not a tag name: use letters, digits, _ and - (tags=[baseline,amp])")
+        if name in RESERVED_TAGS:
+            raise ValueError(f"tags: {name} is a tag medsweep sets itself: choose another name")
 
 
 def register() -> None:

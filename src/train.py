@@ -29,9 +29,10 @@ from src.perf import startup
 from src.perf.startup import StartupClock, job_clock
 from src.resolve import check_split_sizes
 from src.tracking.identity import code_fingerprint
-from src.tracking.runs import RunLogger, environment_tags
+from src.tracking.runs import RunLogger, environment_tags, user_tags
 from src.tracking.store import best_metric, ensure_store
 from src.tracking.sweep import fail_parent_run, job_parent_id
+from src.tracking.ui import log_links
 
 log = logging.getLogger(__name__)
 startup.entry_imported()
@@ -96,6 +97,8 @@ def run_job(cfg: DictConfig, clock: StartupClock) -> float:
                 resume, tags = None, {**tags, "retry_of": run.run_id}  # out of memory: half the micro-batch
     outcome.finish(run, plan.output_dir, plan.cfg.checkpoint.keep)
     log.info("test/acc=%.4f test/auc=%.4f in %.1f s", final["test/acc"], final["test/auc"], final["time/total_s"])
+    if not plan.multirun:  # a sweep's links come at its end
+        log_links(plan.tracking_uri, client.get_run(run.run_id).info.experiment_id, [run.run_id])
     return best_metric(client, run.run_id, plan.cfg.objective)
 
 
@@ -116,6 +119,7 @@ def start_run(plan: Plan, cfg: Config, world: int, client, tags: dict[str, str])
         **({"rerun_of": plan.rerun_of} if plan.rerun_of else {}),
         **tags,
         **environment_tags(),
+        **user_tags(cfg.tags),
     }
     return RunLogger.start(client, cfg.mlflow.experiment, plan.run_name, params, tags, parent_id=job_parent_id())
 

@@ -291,6 +291,9 @@ def test_a_forced_unknown_key_stops_each_command_in_one_line_and_creates_no_run(
         ("accumulate=0", "accumulate=0 must be >= 1"),
         ("data.size=32", "data.size=32 is not a MedMNIST 3D size: use data.size=28 or 64"),
         ("limit_batches=0", "limit_batches=0 must be >= 1 or null"),
+        ("tags=[status]", "tags: status is a tag medsweep sets itself: choose another name"),
+        ("tags=[a.b]", "tags: 'a.b' is not a tag name: use letters, digits, _ and - (tags=[baseline,amp])"),
+        ("mlflow.system_metrics_interval_s=0", "mlflow.system_metrics_interval_s=0.0 must be > 0"),
     ],
 )
 def test_cross_field_checks_name_the_value(override, message):

@@ -110,14 +110,12 @@ def scroll_metrics(page: Page, pixels: int) -> None:
     )
 
 
-def check_compare_view(
-    chromium: Path, uri: str, experiment_id: str, runs: list[mlflow.entities.Run], folder: Path
-) -> None:
-    """Open ``runs`` in the UI's compare-runs view in headless Chromium, check what it shows, screenshot it."""
+def check_ui(chromium: Path, links: dict[str, str], runs: list[mlflow.entities.Run], folder: Path) -> None:
+    """Follow the links a sweep printed in a fresh headless Chromium: the runs list shows ``runs`` (MLflow's
+    training-runs view, not its GenAI overview), the compare view shows their params and metrics; screenshots."""
     from playwright.sync_api import expect, sync_playwright
 
     ids = [run.info.run_id for run in runs]
-    url = f"{uri}/#/compare-runs?runs={json.dumps(ids)}&experiments={json.dumps([experiment_id])}"
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch_persistent_context(
             folder / "chromium-profile",
@@ -130,7 +128,15 @@ def check_compare_view(
             page = browser.new_page()
             page.set_default_timeout(UI_TIMEOUT_MS)
             expect.set_options(timeout=UI_TIMEOUT_MS)
-            page.goto(url)
+            page.goto(links["runs"])
+            expect(page.get_by_role("heading", name="Training runs")).to_be_visible()  # not the GenAI overview
+            sweep_row = page.get_by_role("gridcell").filter(has_text=re.compile(r"^#\w+ sweep "))
+            sweep_row.get_by_role("button").first.click()  # unfold the jobs' runs, shown under their sweep's run
+            for run in runs:
+                expect(page.get_by_role("link", name=run.info.run_name, exact=True)).to_be_visible()
+            page.screenshot(path=folder / "runs_list.png")
+
+            page.goto(links["compare"])
             expect(page.get_by_text(f"Comparing {len(runs)} Runs from 1 Experiment")).to_be_visible()
             expect(page.get_by_role("grid").get_by_text("test/auc", exact=True)).to_be_visible()  # not a spinner
             assert table_row(page, "Run ID:") == ids  # one column per run, in the URL's order
@@ -165,6 +171,7 @@ def test_compare_runs_view_shows_the_sweeps_runs_params_and_metrics(tmp_path, ch
         "epochs=1",
         "limit_batches=2",
         "num_threads=1",
+        "mlflow.system_metrics=false",  # its system/ rows would push test/ below the compare view's fold
         f"hydra.sweep.dir={tmp_path / 'sweep'}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -177,4 +184,8 @@ def test_compare_runs_view_shows_the_sweeps_runs_params_and_metrics(tmp_path, ch
     ]
     assert len(children) == 2 and {run.info.status for run in children} == {"FINISHED"}
     assert sorted(run.data.params["amp"] for run in children) == ["False", "True"]
-    check_compare_view(chromium, mlflow_server, experiment.experiment_id, children, tmp_path)
+    links = dict(re.findall(r"\] (runs|compare): (\S+)", result.stdout + result.stderr))
+    assert links["runs"].startswith(f"{mlflow_server}/#/experiments/{experiment.experiment_id}/runs?searchFilter=")
+    printed = json.loads(re.search(r"runs=(\[[^&]*\])", links["compare"]).group(1))
+    children.sort(key=lambda run: printed.index(run.info.run_id))  # the compare view's columns: the link's order
+    check_ui(chromium, links, children, tmp_path)

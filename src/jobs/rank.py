@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from src import config as schema
-from src.data import load_splits
+from src.data import load_splits, npz_path, to_input
 from src.jobs import resume as resumption
 from src.jobs.plan import Plan
 from src.jobs.resume import Resume
@@ -27,8 +27,11 @@ from src.parallel.ranks import data_parallel_width, seed_everything
 from src.perf.memory import predicted_memory_metrics
 from src.perf.startup import StartupClock
 from src.resolve import resolve_amp_dtype
+from src.tracking.datasets import dataset_inputs
+from src.tracking.logged_model import log_model
 from src.tracking.runs import RunLogger
 from src.tracking.store import ensure_store
+from src.tracking.system_metrics import system_metrics
 from src.training import checkpoint
 from src.training.build import build_trainer
 from src.training.metrics import class_names, write_eval_artifacts
@@ -96,9 +99,9 @@ def run_rank(
         torch.cuda.set_device(device)
     if rank.world > 1:
         dist.init_process_group(job.cfg, device, rank, store_address)
-        shared = [(job.cfg, job.resume_from)]  # rank 0's: it resolved the config and the checkpoint to resume
+        shared = [(job.cfg, job.resume_from, job.run_id)]  # rank 0's: the config and checkpoint it resolved, its run
         torch.distributed.broadcast_object_list(shared, src=0)
-        job = dataclasses.replace(job, cfg=shared[0][0], resume_from=shared[0][1])
+        job = dataclasses.replace(job, cfg=shared[0][0], resume_from=shared[0][1], run_id=shared[0][2])
     try:
         return train_rank(job, rank, device, preemption or Preemption())
     finally:
@@ -143,19 +146,26 @@ def train_rank(job: Job, rank: dist.Rank, device: torch.device, preemption: Pree
         )
         mfu.on_new_peak = lambda peak: run.set_tags(mfu.tags())
     log_metrics = run.log_metrics if run else lambda metrics, step: None
+    log_tested = None  # fit's test metrics: with the test set (and the logged model) linked
     if job.resume_from:
         trainer.load_state_dict(checkpoint.load(job.resume_from))
         log.info("resumed from %s at epoch %d step %d", job.resume_from, trainer.epoch + 1, trainer.step)
         if run and trainer.last_metrics:  # the checkpoint is written first: its epoch may not be logged yet
             resumption.log_missing(run, trainer.last_metrics, trainer.epoch - 1)
         if run and trainer.epoch == cfg.epochs:  # trained to the end before it stopped: the test may be logged
-            log_metrics = functools.partial(resumption.log_missing, run)
+            log_metrics = log_tested = functools.partial(resumption.log_missing, run)
+    if run:
+        inputs = dataset_inputs(cfg.data, npz_path(cfg.data), splits)
+        if not job.resume_from:
+            run.log_inputs(inputs)
+        log_tested = log_tested or functools.partial(tested, run, trainer, splits, inputs[-1].dataset)
     clock.mark("mlflow")
     if run:
         run.log_metrics(clock.metrics(), step=trainer.epoch)
         log.info("start-up %.1f s (%s)", clock.metrics()["time/startup_s"], clock.summary())
     try:
-        final = trainer.fit(log_metrics)
+        with system_metrics(cfg, rank, job.run_id, job.tracking_uri, resumed=job.resume_from is not None):
+            final = trainer.fit(log_metrics, log_tested)
     except torch.OutOfMemoryError:
         (job.output_dir / f"oom_rank{rank.rank}.json").write_text(json.dumps(trainer.memory.peak()))
         raise
@@ -169,6 +179,16 @@ def train_rank(job: Job, rank: dist.Rank, device: torch.device, preemption: Pree
         checkpoint.save_weights(trainer.best_state, job.output_dir / checkpoint.BEST_FILE)
         (job.output_dir / METRICS_FILE).write_text(json.dumps(final, indent=2))
     return final
+
+
+def tested(run: RunLogger, trainer, splits: dict, test_set, metrics: dict[str, float], step: int) -> None:
+    """Log the test metrics, linked to the test split's dataset and, with ``mlflow.log_model``, to the tested
+    weights logged first as the run's MLflow model."""
+    model_id = None
+    if trainer.cfg.mlflow.log_model:
+        model_id = log_model(run, trainer.raw_model, to_input(splits["test"][0][:2]), step)
+        log.info("logged the tested weights as MLflow model %s (models:/%s)", model_id, model_id)
+    run.log_metrics(metrics, step, model_id, test_set)
 
 
 def spawned_rank(index: int, job: Job, world: int, store_address: str) -> None:

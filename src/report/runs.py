@@ -3,6 +3,8 @@ run's params and metrics as one row (``val/*`` at the best epoch, samples/s aver
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from src.config import ReportConfig
 from src.errors import UsageError
 from src.report.analysis import AUC, MEMORY, THROUGHPUT
+from src.tracking.store import search_all
 from src.tracking.sweep import PARENT_ID_FILE, read_parent_id
 
 METRICS = ["test/acc", AUC, "val/acc", "val/auc", THROUGHPUT, MEMORY, "mem/predicted_mb"]
@@ -30,16 +33,6 @@ class Selection:
     runs: list[Run]
     parent_id: str | None
     out: Path
-
-
-def search_all(client: mlflow.MlflowClient, experiment_id: str, filter_string: str = "") -> list[Run]:
-    runs, token = [], None
-    while True:
-        page = client.search_runs([experiment_id], filter_string, max_results=1000, page_token=token)
-        runs += page
-        token = page.token
-        if not token:
-            return runs
 
 
 def parent_run(client: mlflow.MlflowClient, run_id: str, selector: str, uri: str) -> Run:
@@ -121,3 +114,36 @@ def run_frame(client: mlflow.MlflowClient, runs: list[Run]) -> pd.DataFrame:
     params = [c for c in frame.columns if c not in ("run_id", "status", *METRICS)]
     frame[params] = frame[params].fillna("").astype(str)
     return frame
+
+
+def with_tags(selection: Selection, tags: list[str]) -> Selection:
+    """Only the runs tagged ``<name>=true`` for every name in ``tags`` (``python -m src.report tags=[...]``)."""
+    if not tags:
+        return selection
+    runs = [run for run in selection.runs if all(run.data.tags.get(str(name)) == "true" for name in tags)]
+    if not runs:
+        raise UsageError(
+            f"tags={list(tags)}: none of the {len(selection.runs)} runs of {selection.label} carries all of them: "
+            f"drop tags, or give the tags the runs were started with"
+        )
+    return dataclasses.replace(selection, runs=runs, label=f"{selection.label} tagged {', '.join(map(str, tags))}")
+
+
+def datasets_table(runs: list[Run]) -> pd.DataFrame:
+    """One row per dataset input (file split and MD5) of ``runs``: its samples, file, medmnist version, runs."""
+    rows = {}
+    for run in runs:
+        for entry in run.inputs.dataset_inputs if run.inputs else []:
+            dataset, profile = entry.dataset, json.loads(entry.dataset.profile or "{}")
+            row = rows.setdefault(
+                (dataset.name, dataset.digest),
+                {
+                    "dataset": dataset.name,
+                    "digest": dataset.digest,
+                    "samples": profile.get("num_samples", ""),
+                    "medmnist": profile.get("medmnist_version", ""),
+                    "runs": 0,
+                },
+            )
+            row["runs"] += 1
+    return pd.DataFrame(list(rows.values()), columns=["dataset", "digest", "samples", "medmnist", "runs"])

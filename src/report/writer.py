@@ -4,7 +4,10 @@
     python -m src.report parent=<parent run id>                  # a sweep's parent run
     python -m src.report mlflow.experiment=medsweep out=reports/all
 
-Exactly one selector. Writes ``report.md``, ``report.html`` (figures embedded), ``runs.csv``, ``effects.csv``,
+Exactly one selector; ``tags=[...]`` keeps the runs tagged with all of them; ``register=<name>`` registers the
+best run's logged model (by ``val/auc``) in the Model Registry.
+
+Writes ``report.md``, ``report.html`` (figures embedded), ``runs.csv``, ``effects.csv``,
 ``throughput_memory.png`` and ``paired_effects.png`` to ``out`` (default: ``<sweep folder>/report``, else
 ``reports/<parent run id or experiment>``) and logs them to the parent run under ``report/``.
 
@@ -12,6 +15,7 @@ Per run: ``test/*``, ``mem/peak_mb`` (the run's peak) and ``mem/predicted_mb`` a
 ``val/auc`` at the epoch with the best ``val/auc`` (the weights that were tested); ``perf/samples_per_s``
 the mean over epochs. Configurations are the swept params but ``seed``: mean +- std over their seeds. Each swept
 switch's test-AUC difference over paired runs is judged against ``margin`` (``no loss``, ``loss``, ``inconclusive``).
+The dataset inputs the runs recorded (file split, MD5, samples, medmnist version) are listed.
 """
 
 from __future__ import annotations
@@ -43,7 +47,8 @@ from src.report.analysis import (
     swept_columns,
     verdict_text,
 )
-from src.report.runs import METRICS, Selection, run_frame, select
+from src.report.register import register_best
+from src.report.runs import METRICS, Selection, datasets_table, run_frame, select, with_tags
 from src.tracking.store import ensure_store, store_exists, tracking_uri
 
 log = logging.getLogger(__name__)
@@ -212,6 +217,14 @@ def write_report(frame: pd.DataFrame, selection: Selection, uri: str, out: Path,
                 "paired_effects.png",
             )
         )
+    sections.append(
+        Section(
+            "Datasets",
+            "The files the runs trained and were tested on, as each run's MLflow dataset inputs record them "
+            "(digest: the file's MD5).",
+            datasets_table(selection.runs),
+        )
+    )
     sections.append(Section("Finished runs", DEFINITIONS, runs_table(finished, swept, METRICS)))
     if len(others):
         sections.append(
@@ -244,7 +257,7 @@ def report(cfg: ReportConfig) -> Path:
     if not store_exists(uri):
         raise UsageError(f"mlflow.tracking_uri={uri}: no such store: set it to the store the runs logged to")
     client = ensure_store(uri)
-    selection = select(cfg, client, uri)
+    selection = with_tags(select(cfg, client, uri), cfg.tags)
     frame = run_frame(client, selection.runs)
     if not (frame["status"] == "FINISHED").any():
         raise UsageError(
@@ -254,6 +267,8 @@ def report(cfg: ReportConfig) -> Path:
     out = Path(cfg.out).expanduser() if cfg.out else selection.out
     files = write_report(frame, selection, uri, out, cfg.margin)
     log.info("report of %d runs (%s): %s", len(frame), selection.label, ", ".join(str(f) for f in files))
+    if cfg.register:
+        register_best(frame, selection.runs, cfg.register, uri)
     if selection.parent_id:
         for path in files:
             client.log_artifact(selection.parent_id, str(path), "report")

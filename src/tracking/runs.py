@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import platform
 import subprocess
 import time
 from pathlib import Path
 
 import mlflow
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Dataset, DatasetInput, Metric, Param, RunTag
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
 from src.tracking.store import PROJECT_ROOT, experiment_id
@@ -36,6 +37,11 @@ def environment_tags() -> dict[str, str]:
     }
 
 
+def user_tags(tags) -> dict[str, str]:
+    """The config's ``tags`` (a list of names) as MLflow tags ``<name>=true``: ``tags.<name> = 'true'`` finds them."""
+    return {str(name): "true" for name in tags}
+
+
 class RunLogger:
     """One MLflow run, logged through the client in batches (one call per epoch, not per value)."""
 
@@ -60,9 +66,21 @@ class RunLogger:
             client.log_batch(logger.run_id, params=items[i : i + BATCH_LIMIT])
         return logger
 
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+    def log_metrics(
+        self, metrics: dict[str, float], step: int, model_id: str | None = None, dataset: Dataset | None = None
+    ) -> None:
+        """One batch; linked to a logged model and (the keys ``<split>/...`` of ``dataset``'s split) a dataset."""
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+        split = dataset and json.loads(dataset.profile)["split"]
+
+        def metric(key: str, value: float) -> Metric:
+            linked = dataset if split and key.startswith(f"{split}/") else None
+            return Metric(key, float(value), now, step, model_id, linked and linked.name, linked and linked.digest)
+
+        self.client.log_batch(self.run_id, metrics=[metric(k, v) for k, v in metrics.items()])
+
+    def log_inputs(self, inputs: list[DatasetInput]) -> None:
+        self.client.log_inputs(self.run_id, datasets=inputs)
 
     def set_tags(self, tags: dict[str, str]) -> None:
         self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])

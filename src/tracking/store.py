@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
+from mlflow.entities import ExperimentTag
 
 from src.errors import UsageError
 
@@ -17,6 +18,7 @@ log = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TRACKING_URI = f"sqlite:///{PROJECT_ROOT / 'mlflow.db'}"
+EXPERIMENT_KIND, TRAINING = "mlflow.experimentKind", "custom_model_development"  # the UI opens on training runs
 ARTIFACTS_FOLDER = "mlartifacts"  # beside an SQLite store, as `mlflow server` keeps ./mlartifacts beside its own
 
 
@@ -62,19 +64,25 @@ def artifact_root(uri: str) -> str | None:
 
 
 def experiment_id(client: mlflow.MlflowClient, name: str) -> str:
-    """The id of experiment ``name``; created if missing, in an SQLite store with its artifacts in
-    ``<artifact_root>/<experiment id>``. One that keeps them under the working directory is used as it is, with a
-    warning."""
+    """The id of experiment ``name``, tagged ``mlflow.experimentKind=custom_model_development`` (MLflow's UI then
+    opens it on its training runs, not its GenAI overview); created if missing, in an SQLite store with its
+    artifacts in ``<artifact_root>/<experiment id>``. One that keeps them under the working directory is used as it
+    is, with a warning."""
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
         warn_if_under_cwd(experiment.name, experiment.artifact_location)
+        if experiment.tags.get(EXPERIMENT_KIND) != TRAINING:
+            client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND, TRAINING)
         return experiment.experiment_id
     root = artifact_root(client.tracking_uri)
+    tags = {EXPERIMENT_KIND: TRAINING}
     if root is None:
-        return client.create_experiment(name)
+        return client.create_experiment(name, tags=tags)
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore  # what the client opens an SQLite store with
 
-    return SqlAlchemyStore(client.tracking_uri, root).create_experiment(name)  # it appends the id to the root
+    return SqlAlchemyStore(client.tracking_uri, root).create_experiment(
+        name, tags=[ExperimentTag(k, v) for k, v in tags.items()]
+    )
 
 
 @functools.cache
@@ -122,3 +130,14 @@ def finished_run(uri: str, experiment: str, hashed: str, fingerprint: str) -> ml
 def best_metric(client: mlflow.MlflowClient, run_id: str, key: str) -> float:
     """The highest value ``key`` reached in the run (the value itself for a metric logged once)."""
     return max(metric.value for metric in client.get_metric_history(run_id, key))
+
+
+def search_all(client: mlflow.MlflowClient, experiment_id: str, filter_string: str = "") -> list[mlflow.entities.Run]:
+    """Every run of the experiment that ``filter_string`` selects, page by page."""
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], filter_string, max_results=1000, page_token=token)
+        runs += page
+        token = page.token
+        if not token:
+            return runs

@@ -19,8 +19,9 @@ from omegaconf import DictConfig
 from src.errors import UsageError
 from src.schema_check import check_known_keys
 from src.tracking.identity import code_fingerprint, run_name
-from src.tracking.runs import RunLogger, environment_tags
-from src.tracking.store import ensure_store, tracking_uri
+from src.tracking.runs import RunLogger, environment_tags, user_tags
+from src.tracking.store import ensure_store, search_all, tracking_uri
+from src.tracking.ui import log_links
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,7 @@ class SweepParentRun(Callback):
                 "role": "sweep",
                 "code_fingerprint": code_fingerprint(),
                 **environment_tags(),
+                **user_tags(config.tags),
             },
         )
         sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -109,9 +111,11 @@ class SweepParentRun(Callback):
         parent = client.get_run(run_id)
         if parent.info.status == "FAILED":  # a job marked it
             return
+        of_sweep = f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{run_id}'"
         children = client.search_runs(  # the FINISHED ones change nothing: a long sweep's close reads only the rest
-            [parent.info.experiment_id],
-            filter_string=f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{run_id}' and attributes.status != 'FINISHED'",
+            [parent.info.experiment_id], filter_string=f"{of_sweep} and attributes.status != 'FINISHED'"
         )
         status = parent_status(children)
         self.parent.finish("FAILED" if status == "FINISHED" and not complete else status)
+        ids = [run.info.run_id for run in search_all(client, parent.info.experiment_id, of_sweep)]
+        log_links(client.tracking_uri, parent.info.experiment_id, ids, of_sweep)

@@ -250,8 +250,13 @@ class Trainer:
         metrics = {"loss": loss, **medmnist_metrics(labels, scores, task), **clinical_metrics(labels, scores, task)}
         return {f"{split}/{k}": v for k, v in metrics.items()}
 
-    def fit(self, log_metrics: Callable[[dict[str, float], int], None]) -> dict[str, float]:
-        """Train from :attr:`epoch` to ``epochs``, validating each; test the weights with the best validation AUC.
+    def fit(
+        self,
+        log_metrics: Callable[[dict[str, float], int], None],
+        log_tested: Callable[[dict[str, float], int], None] | None = None,
+    ) -> dict[str, float]:
+        """Train from :attr:`epoch` to ``epochs``, validating each; test the weights with the best validation AUC
+        (:attr:`raw_model` holds them when ``log_tested``, default ``log_metrics``, logs the test metrics).
 
         Each epoch is checkpointed before its metrics are logged, so a crash in between loses none (the
         checkpoint holds them: see :attr:`last_metrics`). Only the main rank validates, tests, logs and
@@ -286,7 +291,7 @@ class Trainer:
             "stopped_epoch": float(self.epoch),
             "best_epoch": float(self.best_epoch),
         }
-        log_metrics(final, self.cfg.epochs)
+        (log_tested or log_metrics)(final, self.cfg.epochs)
         return final
 
     def _patience_exhausted(self) -> bool:

@@ -1,0 +1,43 @@
+"""``python -m src.report ... register=<name>``: the best run's logged model into MLflow's Model Registry."""
+
+from __future__ import annotations
+
+import logging
+
+import mlflow
+import pandas as pd
+from mlflow.entities import Run
+
+from src.errors import UsageError
+
+log = logging.getLogger(__name__)
+RANKED_BY = "val/auc"  # the best epoch's validation AUC: never the test split, which would leak into the choice
+
+
+def register_best(frame: pd.DataFrame, runs: list[Run], name: str, uri: str) -> str:
+    """Register the logged model of the FINISHED run with the highest ``val/auc`` under ``name``; its version."""
+    finished = frame[(frame["status"] == "FINISHED") & frame[RANKED_BY].notna()]
+    if finished.empty:
+        raise UsageError(f"register={name}: no FINISHED run has {RANKED_BY}: nothing to register")
+    best = finished.loc[finished[RANKED_BY].idxmax()]
+    run = next(run for run in runs if run.info.run_id == best["run_id"])
+    outputs = run.outputs.model_outputs if run.outputs else []
+    if not outputs:
+        raise UsageError(
+            f"register={name}: run {run.info.run_id} (best {RANKED_BY} {best[RANKED_BY]:.4f}) logged no model: "
+            f"train it with mlflow.log_model=true (python -m src.train rerun={run.info.run_id} mlflow.log_model=true)"
+        )
+    model_id = outputs[-1].model_id
+    mlflow.set_tracking_uri(uri)  # the registry of the store the runs are in
+    version = mlflow.register_model(f"models:/{model_id}", name, tags={RANKED_BY: f"{best[RANKED_BY]:.6g}"})
+    log.info(
+        "registered %s version %s: run %s (%s %.4f, the best of %d), model %s",
+        name,
+        version.version,
+        run.info.run_id,
+        RANKED_BY,
+        best[RANKED_BY],
+        len(finished),
+        model_id,
+    )
+    return version.version

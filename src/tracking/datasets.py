@@ -1,0 +1,71 @@
+"""The MLflow dataset inputs of a run: one per split of the `.npz` file it trains on.
+
+Each is named ``<file stem>/<split>`` (``adrenalmnist3d_64/train``), digested by the file's MD5 (the one
+``src.data.ensure_file`` verified: MedMNIST's files changed between versions), and profiled with the split's
+samples and class counts, the file's size and medmnist's version; its context tag is MLflow's
+``training``/``validation``/``test``. The schema is the uint8 volumes and int64 labels as tensors.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from mlflow.data.schema import TensorDatasetSchema
+from mlflow.entities import Dataset, DatasetInput, InputTag
+from mlflow.types import Schema, TensorSpec
+from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+from src.config import DataConfig
+from src.data import SYNTHETIC, expected_md5, md5
+
+CONTEXTS = {"train": "training", "val": "validation", "test": "test"}
+
+
+def file_digest(cfg: DataConfig, path: Path) -> str:
+    """The file's MD5: medmnist's, which ``ensure_file`` checked the file against, or the synthetic file's own."""
+    return md5(path) if cfg.name == SYNTHETIC else expected_md5(cfg)
+
+
+def split_dataset(
+    cfg: DataConfig, path: Path, split: str, images: torch.Tensor, labels: torch.Tensor, digest: str
+) -> Dataset:
+    import medmnist
+
+    schema = TensorDatasetSchema(
+        features=Schema([TensorSpec(np.dtype(np.uint8), (-1, *images.shape[1:]), "images")]),
+        targets=Schema([TensorSpec(np.dtype(np.int64), (-1,), "labels")]),
+    )
+    profile = {
+        "split": split,
+        "num_samples": len(labels),
+        "class_counts": torch.bincount(labels, minlength=cfg.num_classes).tolist(),
+        "flag": cfg.name,
+        "size": cfg.size,
+        "file": path.name,
+        "file_bytes": path.stat().st_size,
+        "medmnist_version": medmnist.__version__,
+    }
+    return Dataset(
+        name=f"{path.stem}/{split}",
+        digest=digest,
+        source_type="local",
+        source=json.dumps({"uri": path.resolve().as_uri()}),
+        schema=json.dumps(schema.to_dict()),
+        profile=json.dumps(profile),
+    )
+
+
+def dataset_inputs(
+    cfg: DataConfig, path: Path, splits: dict[str, tuple[torch.Tensor, torch.Tensor]]
+) -> list[DatasetInput]:
+    """One input per split of ``splits`` (``src.data.load_splits``), read from ``path``."""
+    digest = file_digest(cfg, path)
+    return [
+        DatasetInput(
+            split_dataset(cfg, path, split, images, labels, digest), [InputTag(MLFLOW_DATASET_CONTEXT, CONTEXTS[split])]
+        )
+        for split, (images, labels) in splits.items()
+    ]

@@ -11,7 +11,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import mlflow
 from hydra import compose, initialize_config_dir
@@ -64,9 +64,10 @@ def run_cli(*args: str, module: str = "src.train", timeout: int = 900, cwd: Path
     return run_process([sys.executable, "-m", module, *args], timeout, cwd)
 
 
-def run_process(argv: list[str], timeout: int = 900, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+def run_process(argv: list[str], timeout: int = 900, cwd: Path = ROOT, **popen: Any) -> subprocess.CompletedProcess:
     """``argv`` from ``cwd`` in a process group of its own, output captured: past ``timeout`` (a hang; generous,
-    for a loaded machine) the whole group is killed, ranks and workers included."""
+    for a loaded machine) the whole group is killed, ranks and workers included. ``popen``: more of
+    :class:`subprocess.Popen`'s arguments (``user``, ``group``, ...)."""
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0", "PYTHONPATH": path}
     with subprocess.Popen(
@@ -77,6 +78,7 @@ def run_process(argv: list[str], timeout: int = 900, cwd: Path = ROOT) -> subpro
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        **popen,
     ) as process:
         try:
             stdout, stderr = process.communicate(timeout=timeout)

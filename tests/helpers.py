@@ -45,10 +45,13 @@ def small_run(tmp_path, store, shared_data, *overrides: str) -> tuple[str, ...]:
 
 
 def history(uri: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
+    """Every metric medsweep logged to the run, as (step, value) by step; MLflow's ``system/`` samples of the
+    machine (their own steps, one per interval) left out."""
     client = mlflow.MlflowClient(uri)
     return {
         key: [(m.step, m.value) for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
         for key in client.get_run(run_id).data.metrics
+        if not key.startswith("system/")
     }
 
 

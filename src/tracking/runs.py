@@ -32,8 +32,13 @@ def environment_tags() -> dict[str, str]:
         "git_commit": commit,
         "torch_version": torch.__version__,
         "cuda_version": str(torch.version.cuda),
-        "host": platform.node(),
+        "host": host(),
     }
+
+
+def host() -> str:
+    """This machine's name, as runs are tagged ``host``."""
+    return platform.node()
 
 
 class RunLogger:

@@ -20,7 +20,7 @@ from src.errors import UsageError
 from src.schema_check import check_known_keys
 from src.tracking.identity import code_fingerprint, run_name
 from src.tracking.runs import RunLogger, environment_tags
-from src.tracking.store import ensure_store, tracking_uri
+from src.tracking.store import check_store, ensure_store, tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +72,14 @@ class SweepParentRun(Callback):
     """
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """The sweep's parent run, after its keys and store are checked; a dry run only checks (creating no run and
+        no store)."""
         uri = tracking_uri(config)
         try:
             check_known_keys(config, config.hydra.overrides.task)
+            if config.dry_run:
+                check_store(uri)
+                return
             client = ensure_store(uri)
         except UsageError as err:
             print(f"error: {err}", file=sys.stderr)
@@ -100,6 +105,8 @@ class SweepParentRun(Callback):
         log.info("MLflow parent run %s (%s)", self.parent.run_id, uri)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.dry_run:
+            return
         atexit.unregister(self._close)
         self._close(complete=True)
 

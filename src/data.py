@@ -82,10 +82,21 @@ def fetch(url: str, to: Path, cfg: DataConfig) -> None:
 def ensure_file(cfg: DataConfig) -> Path:
     """Return the verified `.npz` for ``cfg``, downloading or generating it when missing."""
     path = npz_path(cfg)
-    if cfg.name == SYNTHETIC:
-        if not path.exists():
-            write_synthetic(cfg, path)
+    if check_file(cfg):
         return path
+    if cfg.name == SYNTHETIC:
+        write_synthetic(cfg, path)
+    else:
+        download(cfg, path)  # it checks the MD5
+    return path
+
+
+def check_file(cfg: DataConfig) -> bool:
+    """Whether the verified `.npz` for ``cfg`` is there (False: :func:`ensure_file` will download or generate it);
+    raises what :func:`ensure_file` would refuse, writing nothing (a dry run checks the data this way)."""
+    path = npz_path(cfg)
+    if cfg.name == SYNTHETIC:
+        return path.exists()
     medmnist_info(cfg)
     if not path.exists():
         if not cfg.download:
@@ -93,14 +104,22 @@ def ensure_file(cfg: DataConfig) -> Path:
                 f"{path} not found and data.download=false: set data.download=true, "
                 f"or data.root=<folder that holds {path.name}>"
             )
-        download(cfg, path)
+        return False
     got, want = md5(path), expected_md5(cfg)
     if got != want:
         raise UsageError(
             f"{path} has MD5 {got}, expected {want} (corrupt or partial file): "
             f"delete it and rerun with data.download=true"
         )
-    return path
+    return True
+
+
+def split_sizes(cfg: DataConfig) -> dict[str, int]:
+    """Samples per split, known without the file: medmnist's INFO (the file's MD5 is checked against the same entry),
+    or ``data.synthetic_samples`` (which name the synthetic file)."""
+    if cfg.name == SYNTHETIC:
+        return dict(zip(SPLITS, cfg.synthetic_samples))
+    return {split: medmnist_info(cfg)["n_samples"][split] for split in SPLITS}
 
 
 def read_npz(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:

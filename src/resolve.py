@@ -10,7 +10,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from src.config import AmpDtype, Backend, Config, Device, ParallelMode
-from src.data import load_splits
+from src.data import split_sizes
 from src.errors import UsageError
 from src.models import MODELS
 
@@ -31,7 +31,7 @@ def validate(cfg: DictConfig) -> tuple[Config, torch.device]:
 
 def check_split_sizes(cfg: Config, world: int) -> None:
     need = cfg.batch_size * cfg.accumulate * world
-    have = len(load_splits(cfg.data)["train"][1])
+    have = split_sizes(cfg.data)["train"]
     if need > have:
         raise UsageError(
             f"batch_size x accumulate x ranks = {need} exceeds the {have} training samples of "

@@ -6,7 +6,6 @@ job whatever the ranks do. Under torchrun or a multi-task SLURM job the ranks ar
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import sys
@@ -17,7 +16,7 @@ from omegaconf import DictConfig
 from src.cli import command
 from src.config import Config, ParallelMode
 from src.data import ensure_file
-from src.jobs import outcome
+from src.jobs import dry_run, outcome
 from src.jobs import resume as resumption
 from src.jobs.plan import Plan, plan_job, sized
 from src.jobs.rank import Job, run_rank, spawned_rank
@@ -53,10 +52,12 @@ def train(cfg: DictConfig) -> float:
 def run_job(cfg: DictConfig, clock: StartupClock) -> float:
     plan = plan_job(cfg, HydraConfig.get())
     clock.mark("config")
-    if plan.finished:
-        return outcome.skip(plan)
     ddp = plan.cfg.parallel.mode is ParallelMode.ddp
     external = dist.external_rank() if ddp else None
+    if plan.cfg.dry_run:
+        return dry_run.report(plan, external)
+    if plan.finished:
+        return outcome.skip(plan)
     preemption = Preemption()
     if external is not None and not external.is_main:  # torchrun / SLURM rank > 0: train, log nothing
         with preemption.installed():
@@ -69,8 +70,8 @@ def run_job(cfg: DictConfig, clock: StartupClock) -> float:
     clock.mark("mlflow")
     ensure_file(plan.cfg.data)
     clock.mark("data")
-    with job_gpus(HydraConfig.get()) if plan.device.type == "cuda" else contextlib.nullcontext(()) as gpus:
-        world = external.world if external else job_world(plan.cfg, gpus)
+    with job_gpus(HydraConfig.get(), plan.device) as gpus:
+        world = job_world(plan.cfg, gpus, external)
         first, tags = sized(plan, world)
         check_split_sizes(first, world)
         clock.mark("batch_size")
@@ -104,13 +105,6 @@ def run_job(cfg: DictConfig, clock: StartupClock) -> float:
 
 def start_run(plan: Plan, cfg: Config, world: int, client, tags: dict[str, str]) -> RunLogger:
     """The job's MLflow run (a child of the sweep's parent run in a multirun): params, identity and environment."""
-    params = {
-        **plan.params,
-        "batch_size": str(cfg.batch_size),
-        "accumulate": str(cfg.accumulate),
-        "effective_batch_size": str(cfg.batch_size * cfg.accumulate * world),
-        "world_size": str(world),
-    }
     tags = {
         "config_hash": plan.config_hash,
         "code_fingerprint": code_fingerprint(),
@@ -121,11 +115,15 @@ def start_run(plan: Plan, cfg: Config, world: int, client, tags: dict[str, str])
         **environment_tags(),
         **user_tags(cfg.tags),
     }
-    return RunLogger.start(client, cfg.mlflow.experiment, plan.run_name, params, tags, parent_id=job_parent_id())
+    return RunLogger.start(
+        client, cfg.mlflow.experiment, plan.run_name, plan.run_params(cfg, world), tags, parent_id=job_parent_id()
+    )
 
 
 def fail_parent(cfg: DictConfig, error: BaseException) -> None:
-    if not isinstance(error, PreemptedExit):  # checkpointed and resumable: the sweep has not failed
+    """Checkpointed and resumable (preempted), the sweep has not failed; a dry run has no parent run (a file left in
+    its sweep folder by an earlier sweep names that sweep's)."""
+    if not (isinstance(error, PreemptedExit) or cfg.dry_run):
         fail_parent_run(cfg)
 
 

@@ -19,7 +19,7 @@ from src.config import Config
 from src.errors import UsageError
 from src.jobs import resume as resumption
 from src.jobs.rerun import rerun_config
-from src.perf.autobatch import derived_batch, fit_batch
+from src.perf.autobatch import derived_batch, fit_batch, predicted_batch
 from src.resolve import validate
 from src.tracking.identity import code_fingerprint, config_hash, flatten, run_name
 from src.tracking.store import ensure_store, finished_run, tracking_uri
@@ -55,6 +55,16 @@ class Plan:
     @property
     def tracking_uri(self) -> str:
         return tracking_uri(self.cfg)
+
+    def run_params(self, cfg: Config, world: int) -> dict[str, str]:
+        """The params of a run training ``cfg`` (this plan's config, sized) on ``world`` ranks."""
+        return {
+            **self.params,
+            "batch_size": str(cfg.batch_size),
+            "accumulate": str(cfg.accumulate),
+            "effective_batch_size": str(cfg.batch_size * cfg.accumulate * world),
+            "world_size": str(world),
+        }
 
 
 def plan_job(cfg: DictConfig, hydra_cfg: DictConfig) -> Plan:
@@ -125,9 +135,10 @@ def save_job_config(cfg: DictConfig, job_dir: Path) -> None:
         OmegaConf.save(cfg, hydra_dir / "config.yaml")
 
 
-def sized(plan: Plan, world: int) -> tuple[Config, dict[str, str]]:
+def sized(plan: Plan, world: int, probe: bool = True) -> tuple[Config, dict[str, str]]:
     """The config at the micro-batch and accumulation it trains with, and tags saying how they were chosen: as the
-    resumed run trained, else ``batch_size=auto`` (predicted, then probed), ``derived``, or as given."""
+    resumed run trained, else ``batch_size=auto`` (predicted, then probed; ``probe=False``: predicted only, no tags),
+    ``derived``, or as given."""
     cfg, resume = plan.cfg, plan.resume
     if resume:
         if resume.world != world:
@@ -137,7 +148,7 @@ def sized(plan: Plan, world: int) -> tuple[Config, dict[str, str]]:
             )
         return dataclasses.replace(cfg, batch_size=resume.batch_size, accumulate=resume.accumulate), {}
     if cfg.batch_size == "auto":
-        return fit_batch(cfg, plan.device, world)
+        return fit_batch(cfg, plan.device, world) if probe else (predicted_batch(cfg, plan.device, world), {})
     if cfg.batch_size == "derived":
         return derived_batch(cfg, world), {}
     return cfg, {}

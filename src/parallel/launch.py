@@ -69,10 +69,10 @@ def spawn_ranks(entry: Callable[..., None], job: Any, world: int, preemption: Pr
 
 
 @contextlib.contextmanager
-def job_gpus(hydra_cfg: DictConfig) -> Iterator[tuple[int, ...]]:
-    """This job's GPUs: all visible ones, or, under a launcher running ``n_jobs`` jobs at once on this
-    machine, its own share, held through a slot lock for the job's lifetime."""
-    count = torch.cuda.device_count()
+def job_gpus(hydra_cfg: DictConfig, device: torch.device) -> Iterator[tuple[int, ...]]:
+    """This job's GPUs (none when it runs on the CPU): all visible ones, or, under a launcher running ``n_jobs`` jobs
+    at once on this machine, its own share, held through a slot lock for the job's lifetime."""
+    count = torch.cuda.device_count() if device.type == "cuda" else 0
     n_jobs = OmegaConf.select(hydra_cfg, "launcher.n_jobs", default=1) if hydra_cfg.mode is RunMode.MULTIRUN else 1
     n_jobs = count if n_jobs == -1 else n_jobs  # joblib's -1: as many jobs as CPUs; here at most one per GPU
     if not count or n_jobs <= 1:

@@ -15,7 +15,7 @@ from src.parallel import dist
 
 def seed_everything(cfg: schema.Config, ranks_on_node: int = 1) -> int:
     """Seed Python, NumPy and torch, fix this rank's thread count, and enforce determinism when asked."""
-    threads = cfg.num_threads or max(1, len(os.sched_getaffinity(0)) // ranks_on_node)
+    threads = thread_count(cfg, ranks_on_node)
     torch.set_num_threads(threads)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
@@ -26,6 +26,11 @@ def seed_everything(cfg: schema.Config, ranks_on_node: int = 1) -> int:
     torch.backends.cudnn.deterministic = cfg.deterministic
     torch.backends.cudnn.benchmark = cfg.cudnn_benchmark and not cfg.deterministic
     return threads
+
+
+def thread_count(cfg: schema.Config, ranks_on_node: int = 1) -> int:
+    """A rank's CPU threads: ``num_threads``, else this process's cores shared by the ranks on its node."""
+    return cfg.num_threads or max(1, len(os.sched_getaffinity(0)) // ranks_on_node)
 
 
 def wrap(
@@ -41,8 +46,11 @@ def wrap(
     return model
 
 
-def job_world(cfg: schema.Config, gpus: tuple[int, ...]) -> int:
-    """The devices a job's effective batch spreads over: ``parallel=ddp``'s ranks, ``parallel=dp``'s GPUs, else 1."""
+def job_world(cfg: schema.Config, gpus: tuple[int, ...], external: dist.Rank | None = None) -> int:
+    """The devices a job's effective batch spreads over: the ranks torchrun / SLURM started (``external``),
+    ``parallel=ddp``'s ranks, ``parallel=dp``'s GPUs, else 1."""
+    if external is not None:
+        return external.world
     return dist.world_size(cfg, gpus) if cfg.parallel.mode is ParallelMode.ddp else data_parallel_width(cfg, gpus)
 
 

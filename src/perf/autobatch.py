@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from src.config import Config, Norm
-from src.data import load_splits
+from src.data import load_splits, split_sizes
 from src.errors import UsageError
 from src.perf.memory import predict
 from src.training.build import build_trainer
@@ -84,12 +84,32 @@ def probe_peak_mb(cfg: Config, device: torch.device, batch_size: int) -> float:
     return peak
 
 
+def predicted_candidates(cfg: Config, device: torch.device, world: int) -> tuple[float, list[int]]:
+    """The budget, and the micro-batches to confirm, largest first, of those the predictor puts within it."""
+    budget = budget_mb(cfg, device)
+    largest = largest_predicted(cfg, device, budget, split_sizes(cfg.data)["train"] // world)
+    return budget, candidates(cfg, world, largest)
+
+
+def at_batch(cfg: Config, batch_size: int, world: int) -> Config:
+    """``cfg`` at ``batch_size``, with the accumulation that keeps ``effective_batch_size`` when it is set."""
+    target = cfg.effective_batch_size
+    return dataclasses.replace(
+        cfg, batch_size=batch_size, accumulate=target // (batch_size * world) if target else cfg.accumulate
+    )
+
+
+def no_batch_fits(budget: float) -> UsageError:
+    return UsageError(
+        f"batch_size=auto: no micro-batch fits mem_budget_mb={budget:.0f}: raise mem_budget_mb, "
+        f"or save memory (amp=true, model.checkpointing=true)"
+    )
+
+
 def fit_batch(cfg: Config, device: torch.device, world: int) -> tuple[Config, dict[str, str]]:
     """``cfg`` with the chosen micro-batch and accumulation, and tags saying how it was chosen."""
-    budget = budget_mb(cfg, device)
-    largest = largest_predicted(cfg, device, budget, len(load_splits(cfg.data)["train"][1]) // world)
-    target = cfg.effective_batch_size
-    for batch in candidates(cfg, world, largest):
+    budget, batches = predicted_candidates(cfg, device, world)
+    for batch in batches:
         predicted = predicted_mb(cfg, device, batch)
         try:
             measured = probe_peak_mb(cfg, device, batch)
@@ -98,22 +118,28 @@ def fit_batch(cfg: Config, device: torch.device, world: int) -> tuple[Config, di
         if measured > budget:
             log.info("batch_size=auto: %d predicted %.0f MiB but measured %.0f > budget", batch, predicted, measured)
             continue
-        accumulate = target // (batch * world) if target else cfg.accumulate
+        fitted = at_batch(cfg, batch, world)
         log.info(
             "batch_size=auto: batch_size=%d accumulate=%d (predicted %.0f MiB, probe %.0f MiB, budget %.0f MiB)",
             batch,
-            accumulate,
+            fitted.accumulate,
             predicted,
             measured,
             budget,
         )
-        return dataclasses.replace(cfg, batch_size=batch, accumulate=accumulate), {
+        return fitted, {
             "batch.auto": "true",
             "batch.auto_budget_mb": f"{budget:.0f}",
             "batch.auto_predicted_mb": f"{predicted:.0f}",
             "batch.auto_probe_mb": f"{measured:.0f}",
         }
-    raise UsageError(
-        f"batch_size=auto: no micro-batch fits mem_budget_mb={budget:.0f}: raise mem_budget_mb, "
-        f"or save memory (amp=true, model.checkpointing=true)"
-    )
+    raise no_batch_fits(budget)
+
+
+def predicted_batch(cfg: Config, device: torch.device, world: int) -> Config:
+    """``batch_size=auto`` as the predictor alone chooses it, confirmed by no training step (a dry run): the largest
+    candidate; a probe may still refuse it."""
+    budget, batches = predicted_candidates(cfg, device, world)
+    if not batches:
+        raise no_batch_fits(budget)
+    return at_batch(cfg, batches[0], world)

@@ -57,7 +57,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from src.config import Config, DataConfig, Loader, OptimConfig, OptimName
-from src.data import SYNTHETIC, medmnist_info, to_input
+from src.data import split_sizes, to_input
 from src.errors import UsageError
 from src.models import build_model
 from src.models.layers import activation_gain
@@ -251,8 +251,7 @@ def step_temporaries(cfg: OptimConfig, device: torch.device, fp: Footprint) -> i
 
 def dataset_bytes(cfg: DataConfig) -> int:
     """All three splits as ``data.loader=tensor`` holds them: uint8 images and int64 labels."""
-    counts = cfg.synthetic_samples if cfg.name == SYNTHETIC else medmnist_info(cfg)["n_samples"].values()
-    return sum(counts) * (cfg.in_channels * cfg.size**3 + 8)
+    return sum(split_sizes(cfg).values()) * (cfg.in_channels * cfg.size**3 + 8)
 
 
 def input_bytes(cfg: DataConfig, batch_size: int) -> int:

@@ -29,7 +29,7 @@ NOT_HASHED = (
 NOT_NAMED = (*NOT_HASHED, "hydra.", "hydra/")  # run names leave out Hydra's own settings too
 NAME_LIMIT = 160  # characters (MLflow keeps 250); a longer name is cut and ends with the hash
 PACKAGE = Path(__file__).resolve().parents[1]  # src/
-NOT_FINGERPRINTED = ("report/", "summary.py", "memory.py")  # paths under src/ that train nothing
+NOT_FINGERPRINTED = ("report/", "summary.py", "memory.py", "jobs/dry_run.py")  # paths under src/ that train nothing
 
 
 def flatten(cfg: DictConfig) -> dict[str, str]:
@@ -53,8 +53,9 @@ def config_hash(params: dict[str, str]) -> str:
 def code_fingerprint(root: Path = PACKAGE) -> str:
     """A short sha256 over the relative paths and bytes of the ``*.py`` files under ``root`` (the ``src`` package)
     that can change a run's results: all of them but ``report/`` (reads finished runs), ``summary.py`` and
-    ``memory.py`` (commands that print a model's size or predicted memory and train nothing). Tracking code is
-    included: it decides what a run logs. Computed once per process and root."""
+    ``memory.py`` (commands that print a model's size or predicted memory and train nothing) and ``jobs/dry_run.py``
+    (``dry_run=true``: lists the jobs, trains nothing). Tracking code is included: it decides what a run logs.
+    Computed once per process and root."""
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
         relative = path.relative_to(root).as_posix()

@@ -33,13 +33,18 @@ def environment_tags() -> dict[str, str]:
         "git_commit": commit,
         "torch_version": torch.__version__,
         "cuda_version": str(torch.version.cuda),
-        "host": platform.node(),
+        "host": host(),
     }
 
 
 def user_tags(tags) -> dict[str, str]:
     """The config's ``tags`` (a list of names) as MLflow tags ``<name>=true``: ``tags.<name> = 'true'`` finds them."""
     return {str(name): "true" for name in tags}
+
+
+def host() -> str:
+    """This machine's name, as runs are tagged ``host``."""
+    return platform.node()
 
 
 class RunLogger:

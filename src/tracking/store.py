@@ -28,6 +28,29 @@ def tracking_uri(cfg: Any) -> str:
 
 def ensure_store(uri: str) -> mlflow.MlflowClient:
     """Check the store answers, creating a fresh SQLite database now (once, before any job starts)."""
+    reachable(uri)
+    client = mlflow.MlflowClient(uri)
+    try:
+        client.search_experiments(max_results=1)
+    except Exception as err:  # any store failure is the user's URI to fix
+        raise UsageError(
+            f"mlflow.tracking_uri={uri} cannot be used ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}): fix or change mlflow.tracking_uri"
+        ) from None
+    return client
+
+
+def check_store(uri: str) -> None:
+    """What :func:`ensure_store` checks, creating nothing (a dry run): an SQLite database not created yet stays so,
+    only its folder is checked."""
+    if store_exists(uri):
+        ensure_store(uri)
+    else:
+        reachable(uri)
+
+
+def reachable(uri: str) -> None:
+    """A server that answers ``/health``; an SQLite database's folder that exists."""
     if uri.startswith(("http://", "https://")):
         try:
             urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=10).close()
@@ -43,15 +66,6 @@ def ensure_store(uri: str) -> mlflow.MlflowClient:
                 f"mlflow.tracking_uri={uri}: folder {folder} does not exist: create it "
                 f"or set mlflow.tracking_uri to another store"
             )
-    client = mlflow.MlflowClient(uri)
-    try:
-        client.search_experiments(max_results=1)
-    except Exception as err:  # any store failure is the user's URI to fix
-        raise UsageError(
-            f"mlflow.tracking_uri={uri} cannot be used ({type(err).__name__}: "
-            f"{str(err).splitlines()[0] if str(err) else ''}): fix or change mlflow.tracking_uri"
-        ) from None
-    return client
 
 
 def artifact_root(uri: str) -> str | None:
@@ -111,20 +125,24 @@ def finished_run(uri: str, experiment: str, hashed: str, fingerprint: str) -> ml
     """The latest FINISHED run of ``experiment`` tagged ``config_hash=hashed``: the latest with
     ``code_fingerprint=fingerprint`` when there is one, else the latest of any code; a store not created yet has
     none."""
+    done = finished_runs(uri, experiment, f"tags.config_hash = '{hashed}'")
+    return next((run for run in done if run.data.tags.get("code_fingerprint") == fingerprint), next(iter(done), None))
+
+
+def finished_runs(uri: str, experiment: str, filter_string: str) -> list[mlflow.entities.Run]:
+    """The FINISHED runs of ``experiment`` that match ``filter_string``, latest first (at most 1000, one page); none
+    in a store not created yet, which stays so."""
     if not store_exists(uri):
-        return None
+        return []
     client = ensure_store(uri)
     found = client.get_experiment_by_name(experiment)
-    done = (
-        client.search_runs(
-            [found.experiment_id],
-            order_by=["attributes.end_time DESC"],
-            filter_string=f"tags.config_hash = '{hashed}' and attributes.status = 'FINISHED'",
-        )
-        if found
-        else []
+    if found is None:
+        return []
+    return client.search_runs(
+        [found.experiment_id],
+        order_by=["attributes.end_time DESC"],
+        filter_string=f"{filter_string} and attributes.status = 'FINISHED'",
     )
-    return next((run for run in done if run.data.tags.get("code_fingerprint") == fingerprint), next(iter(done), None))
 
 
 def best_metric(client: mlflow.MlflowClient, run_id: str, key: str) -> float:

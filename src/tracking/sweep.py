@@ -20,7 +20,7 @@ from src.errors import UsageError
 from src.schema_check import check_known_keys
 from src.tracking.identity import code_fingerprint, run_name
 from src.tracking.runs import RunLogger, environment_tags, user_tags
-from src.tracking.store import ensure_store, search_all, tracking_uri
+from src.tracking.store import check_store, ensure_store, search_all, tracking_uri
 from src.tracking.ui import log_links
 
 log = logging.getLogger(__name__)
@@ -73,9 +73,14 @@ class SweepParentRun(Callback):
     """
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """The sweep's parent run, after its keys and store are checked; a dry run only checks (creating no run and
+        no store)."""
         uri = tracking_uri(config)
         try:
             check_known_keys(config, config.hydra.overrides.task)
+            if config.dry_run:
+                check_store(uri)
+                return
             client = ensure_store(uri)
         except UsageError as err:
             print(f"error: {err}", file=sys.stderr)
@@ -102,6 +107,8 @@ class SweepParentRun(Callback):
         log.info("MLflow parent run %s (%s)", self.parent.run_id, uri)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.dry_run:
+            return
         atexit.unregister(self._close)
         self._close(complete=True)
 
@@ -109,13 +116,12 @@ class SweepParentRun(Callback):
         """Close with :func:`parent_status`; a sweep that did not reach its end (``atexit``) is not FINISHED."""
         client, run_id = self.parent.client, self.parent.run_id
         parent = client.get_run(run_id)
-        if parent.info.status == "FAILED":  # a job marked it
-            return
         of_sweep = f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{run_id}'"
-        children = client.search_runs(  # the FINISHED ones change nothing: a long sweep's close reads only the rest
-            [parent.info.experiment_id], filter_string=f"{of_sweep} and attributes.status != 'FINISHED'"
-        )
-        status = parent_status(children)
-        self.parent.finish("FAILED" if status == "FINISHED" and not complete else status)
+        if parent.info.status != "FAILED":  # else a job marked it
+            children = client.search_runs(  # the FINISHED change nothing: a long sweep's close reads only the rest
+                [parent.info.experiment_id], filter_string=f"{of_sweep} and attributes.status != 'FINISHED'"
+            )
+            status = parent_status(children)
+            self.parent.finish("FAILED" if status == "FINISHED" and not complete else status)
         ids = [run.info.run_id for run in search_all(client, parent.info.experiment_id, of_sweep)]
         log_links(client.tracking_uri, parent.info.experiment_id, ids, of_sweep)

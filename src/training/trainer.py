@@ -46,6 +46,12 @@ class Hooks:
     epoch_metrics: tuple[Callable[[dict[str, float]], dict[str, float]], ...] = ()
 
 
+def steps_per_epoch(cfg: Config, batches: int) -> int:
+    """Optimizer steps of an epoch over ``batches`` training micro-batches, at most ``limit_batches`` of them."""
+    micro = batches if cfg.limit_batches is None else min(cfg.limit_batches, batches)
+    return max(1, micro // cfg.accumulate)
+
+
 class Trainer:
     """Owns the model, optimizer, schedule and precision of one rank; ``fit`` trains, validates and tests.
 
@@ -77,8 +83,7 @@ class Trainer:
         self.memory_format = torch.channels_last_3d if cfg.channels_last else torch.contiguous_format
         self.precision = Precision.build(cfg.amp, resolve_amp_dtype(cfg, device), device)
         self.optimizer = build_optimizer(cfg.optim, model.parameters())
-        micro = len(loaders["train"]) if cfg.limit_batches is None else min(cfg.limit_batches, len(loaders["train"]))
-        self.steps_per_epoch = max(1, micro // cfg.accumulate)
+        self.steps_per_epoch = steps_per_epoch(cfg, len(loaders["train"]))
         self.scheduler, self.sched_per_step = build_scheduler(
             cfg.sched, self.optimizer, cfg.epochs, self.steps_per_epoch, cfg.warmup_epochs
         )

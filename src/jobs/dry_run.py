@@ -1,0 +1,247 @@
+"""``dry_run=true``: what each job would do, one line per job on stdout, then a total; nothing trains, nothing is
+logged, the MLflow store is left as it is (a missing SQLite database is not created).
+
+    job 0: model=resnet18 seed=0 | run | peak 512 MiB at batch 32 | ~3.2 min (from 2 finished runs)
+    job 1: model=resnet18 seed=1 | skip: finished run 4f1c... | peak 512 MiB at batch 32 | 0 min
+    total: 1 to run, 1 to skip | ~3.2 min | largest peak 512 MiB
+
+A line gives the job's number, its run name (the overrides that change results), what it would do (``run``,
+``resume run <id>``, or ``skip: finished run <id>``: the FINISHED run ``skip_finished`` found), the predicted
+``mem/peak_mb`` (:func:`src.perf.memory.predict`) at the micro-batch the job trains with (``batch_size=auto``: the
+one the predictor picks, unprobed; ``derived``: computed), and the estimated time of training and evaluation
+(start-up and checkpoint writes not counted; ``epochs`` in full, early stopping unknown). The estimate divides the
+samples the job trains (epochs x steps x effective batch, ``limit_batches`` respected) plus :data:`EVAL_COST` per
+sample it evaluates by a training rate in samples/s, which comes from, in this order:
+
+* ``from N finished runs``: the median ``perf/samples_per_s`` (last epoch) of the FINISHED runs of the experiment
+  that trained on this host, device type and thread count with the same speed-relevant params: all but
+  :data:`NOT_SPEED` (seed, epochs, learning rate, dataset name, ...), micro-batch, accumulation and ranks included.
+* ``timed N steps``: :data:`TIMED_STEPS` optimizer steps of the job's model on random batches of its shape, after
+  one warm-up step, measured as training measures ``perf/samples_per_s`` (once per process for each signature;
+  DDP: one rank timed, the others taken as fast).
+
+With ``-m`` each job leaves its figures in ``<sweep dir>/dry_run/<job>.json`` (jobs may run in other processes:
+joblib, submitit) and :class:`DryRunTotal` prints the total at the sweep's end; a single run prints its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import cachetools
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from src.atomic import atomic_path
+from src.config import Config, FaultConfig, ParallelMode
+from src.data import check_file, split_sizes
+from src.jobs.plan import Plan, sized
+from src.jobs.resume import Resume
+from src.parallel import dist
+from src.parallel.launch import job_gpus
+from src.parallel.ranks import job_world, seed_everything, thread_count
+from src.perf.memory import predict
+from src.resolve import check_split_sizes
+from src.tracking.identity import NOT_HASHED
+from src.tracking.runs import host
+from src.tracking.store import check_store, finished_runs
+from src.training.build import build_trainer
+from src.training.trainer import steps_per_epoch
+
+EVAL_COST = 1 / 3  # an evaluated sample costs a third of a trained one: a forward, where training adds a backward (~2)
+TIMED_STEPS = 3  # optimizer steps timed, after ThroughputMeter's warm-up step
+RATE = "perf/samples_per_s"
+NOT_SPEED = (  # params that do not change the time per sample (device and threads are compared through tags)
+    *NOT_HASHED,
+    "seed",
+    "epochs",
+    "limit_batches",
+    "early_stop_patience",
+    "warmup_epochs",
+    "optim.lr",
+    "optim.betas",
+    "sched.",
+    "label_smoothing",
+    "class_weights",
+    "data.name",
+    "data.num_classes",
+    "data.task",
+    "data.synthetic_samples",
+    "effective_batch_size",
+    "mem_budget_mb",
+    "oom_retry",
+    "fault.",
+    "device",
+    "num_threads",
+)
+FOLDER = "dry_run"  # in the sweep folder: one <job>.json per job
+
+
+@dataclasses.dataclass(frozen=True)
+class Listed:
+    """One job of a dry run: ``action`` is ``run``, ``resume run <id>`` or ``skip: finished run <id>``; ``minutes`` 0
+    and ``source`` empty for a skip."""
+
+    job: int
+    name: str
+    action: str
+    batch_size: int
+    peak_mb: float
+    minutes: float
+    source: str
+
+    @property
+    def runs(self) -> bool:
+        return not self.action.startswith("skip")
+
+    def line(self) -> str:
+        estimate = f"~{rounded(self.minutes)} min ({self.source})" if self.runs else "0 min"
+        peak = f"peak {self.peak_mb:.0f} MiB at batch {self.batch_size}"
+        return f"job {self.job}: {self.name} | {self.action} | {peak} | {estimate}"
+
+
+def rounded(minutes: float) -> str:
+    return f"{minutes:.0f}" if minutes >= 10 else f"{minutes:.2g}"
+
+
+def total(listed: list[Listed]) -> str:
+    """The total line: jobs to run and to skip, their estimated minutes, the largest predicted peak of those to run."""
+    running = [job for job in listed if job.runs]
+    peak = max((job.peak_mb for job in running), default=0.0)
+    return (
+        f"total: {len(running)} to run, {len(listed) - len(running)} to skip | "
+        f"~{rounded(sum(job.minutes for job in running))} min | largest peak {peak:.0f} MiB"
+    )
+
+
+def report(plan: Plan, external: dist.Rank | None) -> float:
+    """Print the job's line (and, outside a multirun, the total) after the checks a real job makes before it trains
+    (a job to skip makes none), creating no run and no store; a torchrun / SLURM rank other than 0 prints nothing.
+    Returns NaN: no objective."""
+    if external is not None and not external.is_main:
+        return math.nan
+    if not plan.finished:
+        check_store(plan.tracking_uri)
+        check_file(plan.cfg.data)
+    with job_gpus(HydraConfig.get(), plan.device) as gpus:
+        world = job_world(plan.cfg, gpus, external)
+        cfg = sized(plan, world, probe=False)[0]
+        if plan.finished:
+            action, minutes, source = f"skip: finished run {plan.finished.info.run_id}", 0.0, ""
+        else:
+            check_split_sizes(cfg, world)
+            rate, source = training_rate(plan, cfg, gpus, world)
+            action = f"resume run {plan.resume.run_id}" if plan.resume else "run"
+            minutes = job_seconds(cfg, world, rate, plan.resume) / 60
+        listed = Listed(
+            plan.job_num, plan.run_name, action, cfg.batch_size, predict(cfg, plan.device).total_mb, minutes, source
+        )
+    print(listed.line(), flush=True)
+    if plan.multirun:
+        with atomic_path(Path(HydraConfig.get().sweep.dir, FOLDER, f"{plan.job_num}.json")) as partial:
+            partial.write_text(json.dumps(dataclasses.asdict(listed)))
+    else:
+        print(total([listed]), flush=True)
+    return math.nan
+
+
+def ranks_on_node(cfg: Config, world: int) -> int:
+    """The ranks sharing this node's cores: torchrun's ``LOCAL_WORLD_SIZE``, a spawned DDP job's ranks, else 1."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world if cfg.parallel.mode is ParallelMode.ddp else 1))
+
+
+def training_rate(plan: Plan, cfg: Config, gpus: tuple[int, ...], world: int) -> tuple[float, str]:
+    """Training samples/s of ``cfg`` on ``world`` ranks, and where it came from: the finished runs with the same
+    speed-relevant params on this host, device type and thread count, else a short timing."""
+    threads = thread_count(cfg, ranks_on_node(cfg, world))
+    speed = {k: v for k, v in plan.run_params(cfg, world).items() if not k.startswith(NOT_SPEED)}
+    found = finished_runs(
+        plan.tracking_uri,
+        cfg.mlflow.experiment,
+        f"params.`model.name` = '{cfg.model.name}' and tags.host = '{host()}'",
+    )
+    rates = [
+        run.data.metrics[RATE]
+        for run in found
+        if RATE in run.data.metrics
+        and run.data.tags.get("device", "").split(":")[0] == plan.device.type
+        and run.data.tags.get("num_threads") == str(threads)
+        and all(run.data.params.get(key) == value for key, value in speed.items())
+    ]
+    if rates:
+        return statistics.median(rates), f"from {len(rates)} finished run{'s' if len(rates) > 1 else ''}"
+    signature = (plan.device.type, threads, tuple(sorted(speed.items())))
+    return timed_rate(signature, cfg, plan.device, gpus, world), f"timed {TIMED_STEPS} steps"
+
+
+@cachetools.cached(cachetools.LRUCache(maxsize=16), key=lambda signature, *args: signature)
+def timed_rate(signature: tuple, cfg: Config, device: torch.device, gpus: tuple[int, ...], world: int) -> float:
+    """Samples/s of :data:`TIMED_STEPS` training steps of ``cfg`` after a warm-up one, on random batches of its
+    shape, with its threads and determinism (``seed_everything``); DDP: one rank's rate times ``world``. Once per
+    process for each ``signature`` (device type, threads, speed-relevant params)."""
+    ddp = cfg.parallel.mode is ParallelMode.ddp
+    seed_everything(cfg, ranks_on_node(cfg, world))
+    micro = (1 + TIMED_STEPS) * cfg.accumulate
+    timed = dataclasses.replace(cfg, epochs=1, limit_batches=micro, class_weights=False, fault=FaultConfig())
+    n = micro * cfg.batch_size * (1 if ddp else world)  # parallel=dp: one loader batch spans the GPUs
+    data = cfg.data
+    images = torch.randint(0, 256, (n, data.in_channels, *[data.size] * 3), dtype=torch.uint8)
+    trainer = build_trainer(timed, device, gpus=gpus, splits={"train": (images, torch.arange(n) % data.num_classes)})
+    return trainer.train_epoch(0)[RATE] * (world if ddp else 1)
+
+
+def job_seconds(cfg: Config, world: int, rate: float, resume: Resume | None = None) -> float:
+    """Seconds to train and evaluate ``cfg`` on ``world`` ranks (what is left of it after ``resume``'s checkpoint) at
+    ``rate`` training samples/s: each evaluated sample costs :data:`EVAL_COST` of a trained one; with DDP rank 0
+    evaluates alone."""
+    ddp = cfg.parallel.mode is ParallelMode.ddp
+    sizes = split_sizes(cfg.data)
+    batches = -(-sizes["train"] // world) // cfg.batch_size if ddp else sizes["train"] // (cfg.batch_size * world)
+    steps = steps_per_epoch(cfg, batches)
+    done_epochs, done_steps = (resume.epoch, resume.step) if resume else (0, 0)
+    trained = ((cfg.epochs - done_epochs) * steps - done_steps) * cfg.batch_size * cfg.accumulate * world
+    eval_batch = cfg.batch_size * (1 if ddp else world)
+
+    def evaluated(split: str) -> int:
+        return sizes[split] if cfg.limit_batches is None else min(sizes[split], cfg.limit_batches * eval_batch)
+
+    evaluated_samples = (cfg.epochs - done_epochs) * evaluated("val") + evaluated("test")
+    return trained / rate + EVAL_COST * evaluated_samples / (rate / world if ddp else rate)
+
+
+def folder(config: DictConfig) -> Path:
+    return Path(config.hydra.sweep.dir, FOLDER)
+
+
+class DryRunTotal(Callback):
+    """Hydra callback: a dry multirun's total line, from the figures its jobs left in ``<sweep dir>/dry_run/``
+    (those of an earlier dry run in the same folder are removed first). Only a sweep whose jobs are known before any
+    runs can be listed: Hydra's basic sweeper's; a sweeper that picks each trial from the results before it (Optuna)
+    is refused before anything starts."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if not config.dry_run:
+            return
+        if not (sweeper := config.hydra.sweeper._target_).endswith(".BasicSweeper"):
+            print(
+                f"error: dry_run=true lists the jobs of a grid sweep, known before any runs; {sweeper} picks each "
+                f"trial from the results of those before it: drop dry_run (finished trials are skipped)",
+                file=sys.stderr,
+            )
+            sys.exit(2)
+        for stale in folder(config).glob("*.json"):
+            stale.unlink()
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.dry_run:
+            files = sorted(folder(config).glob("*.json"), key=lambda path: int(path.stem))
+            print(total([Listed(**json.loads(path.read_text())) for path in files]), flush=True)

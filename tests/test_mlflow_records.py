@@ -16,6 +16,8 @@ from medmnist import INFO
 
 from src.config import RESERVED_TAGS
 from src.data import read_npz, to_input
+from src.parallel.dist import Rank
+from src.tracking.system_metrics import node_id
 from tests.helpers import run_cli, small_run
 
 SYSTEM_METRICS = ("system/cpu_utilization_percentage", "system/system_memory_usage_megabytes")
@@ -138,3 +140,20 @@ def test_report_selects_by_tags_lists_datasets_and_registers_the_best_by_val_auc
     best = max(children, key=lambda run: float(run_val_auc(store, run)))
     (version,) = client.search_model_versions("name = 'medsweep-best'")
     assert (version.source, version.run_id) == (f"models:/{best.outputs.model_outputs[0].model_id}", best.info.run_id)
+
+
+@pytest.mark.parametrize(
+    "env,rank,expected",
+    [
+        ({}, Rank(1, 2, 1), None),  # ranks spawned by the job: one node
+        ({"LOCAL_WORLD_SIZE": "2"}, Rank(2, 2, 0), None),  # torchrun on one node
+        ({"LOCAL_WORLD_SIZE": "2"}, Rank(2, 4, 0), "node1"),  # the second of two nodes
+        ({"LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1"}, Rank(3, 4, 1), "node1"),  # torchrun says which node
+    ],
+)
+def test_each_node_of_a_multi_node_job_logs_its_system_metrics_apart(monkeypatch, env, rank, expected):
+    for key in ("LOCAL_WORLD_SIZE", "GROUP_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert node_id(rank) == expected

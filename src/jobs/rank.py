@@ -188,7 +188,9 @@ def tested(run: RunLogger, trainer, splits: dict, test_set, metrics: dict[str, f
     if trainer.cfg.mlflow.log_model:
         model_id = log_model(run, trainer.raw_model, to_input(splits["test"][0][:2]), step)
         log.info("logged the tested weights as MLflow model %s (models:/%s)", model_id, model_id)
-    run.log_metrics(metrics, step, model_id, test_set)
+    test = {key: value for key, value in metrics.items() if key.startswith("test/")}
+    run.log_metrics(test, step, model_id, test_set)
+    run.log_metrics({key: value for key, value in metrics.items() if key not in test}, step, model_id)
 
 
 def spawned_rank(index: int, job: Job, world: int, store_address: str) -> None:

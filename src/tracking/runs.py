@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import platform
 import subprocess
 import time
@@ -74,15 +73,12 @@ class RunLogger:
     def log_metrics(
         self, metrics: dict[str, float], step: int, model_id: str | None = None, dataset: Dataset | None = None
     ) -> None:
-        """One batch; linked to a logged model and (the keys ``<split>/...`` of ``dataset``'s split) a dataset."""
+        """One batch; every value linked to a logged model and a dataset when given."""
         now = int(time.time() * 1000)
-        split = dataset and json.loads(dataset.profile)["split"]
-
-        def metric(key: str, value: float) -> Metric:
-            linked = dataset if split and key.startswith(f"{split}/") else None
-            return Metric(key, float(value), now, step, model_id, linked and linked.name, linked and linked.digest)
-
-        self.client.log_batch(self.run_id, metrics=[metric(k, v) for k, v in metrics.items()])
+        name, digest = (dataset.name, dataset.digest) if dataset else (None, None)
+        self.client.log_batch(
+            self.run_id, metrics=[Metric(k, float(v), now, step, model_id, name, digest) for k, v in metrics.items()]
+        )
 
     def log_inputs(self, inputs: list[DatasetInput]) -> None:
         self.client.log_inputs(self.run_id, datasets=inputs)

@@ -117,11 +117,8 @@ class SweepParentRun(Callback):
         client, run_id = self.parent.client, self.parent.run_id
         parent = client.get_run(run_id)
         of_sweep = f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{run_id}'"
+        children = search_all(client, parent.info.experiment_id, of_sweep)
         if parent.info.status != "FAILED":  # else a job marked it
-            children = client.search_runs(  # the FINISHED change nothing: a long sweep's close reads only the rest
-                [parent.info.experiment_id], filter_string=f"{of_sweep} and attributes.status != 'FINISHED'"
-            )
             status = parent_status(children)
             self.parent.finish("FAILED" if status == "FINISHED" and not complete else status)
-        ids = [run.info.run_id for run in search_all(client, parent.info.experiment_id, of_sweep)]
-        log_links(client.tracking_uri, parent.info.experiment_id, ids, of_sweep)
+        log_links(client.tracking_uri, parent.info.experiment_id, [run.info.run_id for run in children], of_sweep)

@@ -98,7 +98,8 @@ def test_a_parallel_dry_sweep_on_a_store_not_created_yet_times_the_jobs_and_crea
 def test_a_single_dry_run_of_batch_size_auto_lists_the_predicted_batch_unprobed_and_its_total(
     tmp_path, store, shared_data
 ):
-    auto = ("epochs=1", "batch_size=auto", "effective_batch_size=8")
+    """With a warm-up schedule too: the timed steps are one epoch, which a warm-up must not refuse."""
+    auto = ("epochs=2", "warmup_epochs=1", "batch_size=auto", "effective_batch_size=8")
     cfg, device = validate(compose_config(*job_overrides(tmp_path, store, shared_data, *auto)))
     budget = predict(cfg, device, 4).total_mb + 1  # room for micro-batches of 4, not of 8 (test_measure's budget)
     overrides = job_overrides(tmp_path, store, shared_data, *auto, f"mem_budget_mb={budget}")

@@ -191,7 +191,9 @@ def timed_rate(signature: tuple, cfg: Config, device: torch.device, gpus: tuple[
     ddp = cfg.parallel.mode is ParallelMode.ddp
     seed_everything(cfg, ranks_on_node(cfg, world))
     micro = (1 + TIMED_STEPS) * cfg.accumulate
-    timed = dataclasses.replace(cfg, epochs=1, limit_batches=micro, class_weights=False, fault=FaultConfig())
+    timed = dataclasses.replace(
+        cfg, epochs=1, warmup_epochs=0, limit_batches=micro, class_weights=False, fault=FaultConfig()
+    )
     n = micro * cfg.batch_size * (1 if ddp else world)  # parallel=dp: one loader batch spans the GPUs
     data = cfg.data
     images = torch.randint(0, 256, (n, data.in_channels, *[data.size] * 3), dtype=torch.uint8)

@@ -10,12 +10,18 @@ and runs
 ``Trainer.fit`` for one epoch of ``--steps`` optimizer steps: ``memory.start()``, ``train_epoch``, and the
 ``mem/peak_mb`` that epoch logs (evaluation comes after it). A cell runs in its own interpreter so no RSS
 peak leaks from one cell into the next. ``--cell KEY=VALUE ...`` runs one cell here and prints its result
-as one JSON line (the tests use it).
+as one JSON line (the tests use it); with ``--trace PATH`` and ``benchmarks/malloc/trace.so`` preloaded, it also
+writes the cell's allocations of 64 KiB and more, from ``memory.start()`` on, for ``benchmarks.malloc.replay``:
+
+    gcc -O2 -shared -fPIC -o benchmarks/malloc/trace.so benchmarks/malloc/trace.c -ldl
+    LD_PRELOAD=benchmarks/malloc/trace.so python -m benchmarks.memory_table --threads 1 --trace /tmp/cell.trace \
+        --cell model=resnet18 model.stem=small batch_size=4
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
 import json
 import subprocess
@@ -78,8 +84,9 @@ def grid() -> list[list[str]]:
     ]
 
 
-def run_cell(overrides: list[str]) -> dict:
-    """Train in this process as ``run_rank`` does; the prediction and the ``mem/peak_mb`` the run logs."""
+def run_cell(overrides: list[str], trace: str | None = None) -> dict:
+    """Train in this process as ``run_rank`` does; the prediction and the ``mem/peak_mb`` the run logs. ``trace``: the
+    file ``benchmarks/malloc/trace.so`` (preloaded) writes the allocations to from ``memory.start()`` on."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
@@ -98,14 +105,29 @@ def run_cell(overrides: list[str]) -> dict:
     seed_everything(cfg)
     prediction = predict(cfg, device)
     trainer = build_trainer(cfg, device, hooks=Hooks(epoch_metrics=(Mfu.of(cfg, device, 1),)))
+    if trace:
+        traced(trainer.memory, trace)
     logged = []
     trainer.fit(lambda metrics, step: logged.append(metrics))
+    if trace:
+        ctypes.CDLL(None).malloc_trace_off()
     last = [metrics for metrics in logged if "mem/peak_mb" in metrics][-1]
     return {
         "prediction": dataclasses.asdict(prediction),
         "measured_mb": last["mem/peak_mb"],
         "perf": {key: value for key, value in last.items() if key.startswith("perf/")},
     }
+
+
+def traced(memory, path: str) -> None:
+    """Start ``trace.so``'s trace when ``memory`` starts measuring."""
+    process, start = ctypes.CDLL(None), memory.start
+
+    def start_and_trace() -> None:
+        start()
+        process.malloc_trace_on(path.encode())
+
+    memory.start = start_and_trace
 
 
 def row(overrides: list[str], result: dict) -> str:
@@ -133,6 +155,7 @@ def main() -> None:
     parser.add_argument("--held-out", action="store_true", help="the held-out cells instead of the grid")
     parser.add_argument("--stems", action="store_true", help="the 28^3 small/standard stem cells instead of the grid")
     parser.add_argument("--repeats", type=int, default=1, help="fresh processes per cell; the lowest reading is kept")
+    parser.add_argument("--trace", help="with --cell: write its allocations here (benchmarks/malloc/trace.so)")
     parser.add_argument("--cell", nargs=argparse.REMAINDER, help="run one cell with these overrides, print JSON")
     args = parser.parse_args()
     fixed = [
@@ -144,8 +167,10 @@ def main() -> None:
         f"limit_batches={args.steps}",
         "epochs=1",
     ]
+    if args.trace and not hasattr(ctypes.CDLL(None), "malloc_trace_on"):
+        sys.exit("error: --trace needs LD_PRELOAD=benchmarks/malloc/trace.so (build it as the module docstring says)")
     if args.cell is not None:
-        print(json.dumps(run_cell(fixed + args.cell)))
+        print(json.dumps(run_cell(fixed + args.cell, args.trace)))
         return
     print(f"| {' | '.join(COLUMNS.values())} | other | predicted MiB | activations MiB | measured MiB | ratio |")
     print("|---" * (len(COLUMNS) + 5) + "|")

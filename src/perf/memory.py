@@ -23,17 +23,26 @@ follows what ``MemoryMonitor`` measures:
 * CPU (growth of the peak RSS over the RSS at ``start``, which comes after the model is built and the
   data loaded): all but parameters and dataset, which are in the baseline.
 
-The workspace is what the runtime holds beyond live tensors. On CPU: glibc keeps freed heap pages
-resident (a probe of resnet18 at 64^3, batch 16, found 380 MiB resident beyond the live tensors at the
-first step's peak), oneDNN reorders conv operands into blocked layouts, and the first step touches
-thread pools and primitive caches. It is modelled as ``CPU_FIXED_MB`` plus ``CPU_LARGEST_COPIES`` times
-the largest activation, fitted for the least worst-case error over a 16-cell grid (``docs/benchmarks.md``:
-8%; a fixed term alone did 20%, fixed plus a fraction of the activations 16%, fixed plus a fraction of
-the other components 14%). Held-out cells: 11 of 12 within 15%; at 64^3 and batch 32, where the largest
-activation is 256 MiB, it over-predicts (resnet10 by 29%, resnet18 by 16%). The same cell measured again
-spreads by up to 8%. Under-predicted: resnet18 with the small stem at 28^3 (measured 1.20-1.24x at
-batch 4 and 16, one thread): glibc serves its chunks up to 32 MiB (activations, gradients, Adam state,
-oneDNN's weight copies) from a heap whose freed chunks stay resident, not modelled (``docs/benchmarks.md``).
+The workspace is what the runtime holds beyond live tensors. On CPU (``cpu_workspace``):
+
+* a fixed part (thread pools, primitive caches the first step touches);
+* one weight-gradient scratchpad per thread: oneDNN reserves about four of the largest weight per thread for a
+  padded conv's weight gradient and writes about one;
+* copies of the largest activation, up to 64 MiB: oneDNN reorders conv operands into its blocked layouts inside
+  the kernels, where no dispatcher mode sees them (a malloc trace of resnet18, small stem, batch 4 counted ~56
+  blocks of the activations' size per step against the replay's 31); the fit found no more for larger maps (128
+  and 256 MiB, blocks glibc maps and unmaps one by one);
+* freed heap that glibc keeps resident: its mmap threshold rises to 32 MiB, so every block below that (activations,
+  weights, gradients, Adam state, oneDNN's weight copies) comes from its heap, and where activation-sized and
+  weight-sized blocks alternate, freed blocks stay mapped. It is a share of the heap-served activations, bounded
+  by a multiple of the largest weight (a model with small weights, such as densenet121, reuses its holes).
+
+The five constants were fitted on a 2-core AVX2 EPYC for the least worst-case error (in units of the contract:
+-10% under, +15% over) over 30 cells: the 28^3 stem grid at one thread, the 16-cell grid and 7 other cells at two;
+every one reads 0.88-1.11x its prediction. Of 3 cells measured after the fit, densenet121 at 64^3, batch 32,
+checkpointed reads 1.20x (``docs/benchmarks.md``). The same cell read again spreads by up to ±8% (glibc's placement
+depends on the heap's history), which is the floor for any CPU prediction.
+
 On CUDA the workspace is 0 (cuDNN and cuBLAS workspaces not calibrated: no GPU measured yet).
 
 Not modelled: ``compile=true`` (the replay is eager), DDP's gradient buckets (about 1x the parameters per
@@ -61,11 +70,16 @@ from src.data import split_sizes, to_input
 from src.errors import UsageError
 from src.models import build_model
 from src.models.layers import activation_gain
+from src.parallel.ranks import thread_count
 from src.resolve import resolve_amp_dtype
 
 MIB = 2**20
-CPU_FIXED_MB = 85.0
-CPU_LARGEST_COPIES = 1.8
+GLIBC_MMAP_CEILING = 32 * MIB  # glibc's dynamic mmap threshold rises to at most this: smaller blocks come from its heap
+CPU_FIXED_MB = 20.0
+CPU_LARGEST_COPIES = 3.0  # oneDNN's reordered copies of the largest activation ...
+CPU_COPIED_MB = 64.0  # ... counted up to this size
+CPU_HEAP_KEPT = 0.8  # of the heap-served activations glibc keeps resident ...
+CPU_HEAP_KEPT_WEIGHTS = 10  # ... up to this many times the largest weight
 CPU_BASELINE = ("params_mb", "data_mb")  # in the RSS at MemoryMonitor.start: not counted on CPU
 
 
@@ -82,6 +96,7 @@ class Footprint:
     largest_param: int
     activations: int
     largest_activation: int
+    heap_activations: int  # saved storages below GLIBC_MMAP_CEILING: served from glibc's heap on CPU
     amp_copies: int
     peak: int
 
@@ -213,6 +228,7 @@ def footprint(cfg: Config, device: torch.device, batch_size: int) -> Footprint:
             max(params),
             sum(saved.sizes),
             max(saved.sizes),
+            sum(size for size in saved.sizes if size < GLIBC_MMAP_CEILING),
             casts.nbytes,
             live.peak,
         )
@@ -300,6 +316,15 @@ class MemoryPrediction:
         return "\n".join(rows)
 
 
+def cpu_workspace(fp: Footprint, threads: int) -> float:
+    """Bytes a CPU run holds beyond its live tensors (see the module docstring): a fixed part, one weight-gradient
+    scratchpad of the largest weight per thread, oneDNN's copies of the largest activation, and the freed heap glibc
+    keeps where heap-served activations alternate with weight-sized blocks (bounded by the weights' size)."""
+    copies = CPU_LARGEST_COPIES * min(fp.largest_activation, CPU_COPIED_MB * MIB)
+    kept = CPU_HEAP_KEPT * min(fp.heap_activations, CPU_HEAP_KEPT_WEIGHTS * fp.largest_param)
+    return CPU_FIXED_MB * MIB + threads * fp.largest_param + copies + kept
+
+
 def predict(cfg: Config, device: torch.device, batch_size: int | None = None) -> MemoryPrediction:
     """Predict ``mem/peak_mb`` of training ``cfg`` on ``device`` at ``batch_size`` (default ``cfg.batch_size``).
 
@@ -322,7 +347,7 @@ def predict(cfg: Config, device: torch.device, batch_size: int | None = None) ->
         "input_mb": batch_in,
         "best_weights_mb": fp.params + fp.buffers if cfg.epochs > 1 else 0,
         "transients_mb": max(0, peak - fp.params - fp.amp_copies - fp.activations - batch_in),
-        "workspace_mb": CPU_FIXED_MB * MIB + CPU_LARGEST_COPIES * fp.largest_activation if device.type == "cpu" else 0,
+        "workspace_mb": cpu_workspace(fp, thread_count(cfg)) if device.type == "cpu" else 0,
     }
     parts = {name: value / MIB for name, value in parts.items()}
     total = sum(value for name, value in parts.items() if device.type == "cuda" or name not in CPU_BASELINE)

@@ -319,7 +319,8 @@ class MemoryPrediction:
 def cpu_workspace(fp: Footprint, threads: int) -> float:
     """Bytes a CPU run holds beyond its live tensors (see the module docstring): a fixed part, one weight-gradient
     scratchpad of the largest weight per thread, oneDNN's copies of the largest activation, and the freed heap glibc
-    keeps where heap-served activations alternate with weight-sized blocks (bounded by the weights' size)."""
+    keeps where heap-served activations alternate with weight-sized blocks (bounded by the weights' size).
+    ``threads``: ``num_threads``, else every core of the process (DDP ranks that share a node then count too many)."""
     copies = CPU_LARGEST_COPIES * min(fp.largest_activation, CPU_COPIED_MB * MIB)
     kept = CPU_HEAP_KEPT * min(fp.heap_activations, CPU_HEAP_KEPT_WEIGHTS * fp.largest_param)
     return CPU_FIXED_MB * MIB + threads * fp.largest_param + copies + kept

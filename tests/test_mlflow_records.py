@@ -13,10 +13,14 @@ import pandas as pd
 import pytest
 import torch
 from medmnist import INFO
+from mlflow.store.tracking.dbmodels.models import SqlDataset
+from sqlalchemy import event
 
 from src.config import RESERVED_TAGS
 from src.data import read_npz, to_input
 from src.parallel.dist import Rank
+from src.tracking.runs import RunLogger
+from src.tracking.store import experiment_id
 from src.tracking.system_metrics import node_id
 from tests.helpers import run_cli, small_run
 
@@ -157,3 +161,30 @@ def test_each_node_of_a_multi_node_job_logs_its_system_metrics_apart(monkeypatch
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     assert node_id(rank) == expected
+
+
+def test_two_jobs_linking_the_same_dataset_at_once_both_succeed(store):
+    """The race of two parallel jobs, made to happen every time: just before job A's store inserts the dataset
+    (after it looked it up and found none), job B links the same dataset through its own client."""
+    dataset = mlflow.entities.Dataset("adrenalmnist3d/train", "d1g3st", "local", '{"uri": "file:///a.npz"}')
+    inputs = [mlflow.entities.DatasetInput(dataset, [])]
+    first, second = mlflow.MlflowClient(store), mlflow.MlflowClient(store)
+    experiment = experiment_id(first, "medsweep")
+    run_a, run_b = (RunLogger(client, client.create_run(experiment).info.run_id) for client in (first, second))
+
+    raced = []
+
+    def job_b_first(mapper, connection, target):
+        if not raced:
+            raced.append(target.name)
+            second.log_inputs(run_b.run_id, datasets=inputs)
+
+    event.listen(SqlDataset, "before_insert", job_b_first)
+    try:
+        run_a.log_inputs(inputs)
+    finally:
+        event.remove(SqlDataset, "before_insert", job_b_first)
+    assert raced == ["adrenalmnist3d/train"]
+    for run in (run_a, run_b):
+        linked = first.get_run(run.run_id).inputs.dataset_inputs
+        assert [(entry.dataset.name, entry.dataset.digest) for entry in linked] == [("adrenalmnist3d/train", "d1g3st")]

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import mlflow
 from mlflow.entities import Dataset, DatasetInput, Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
 from src.tracking.store import PROJECT_ROOT, experiment_id
 
 BATCH_LIMIT = 100  # MLflow's log_batch cap on params and tags per call
+UNIQUE_VIOLATIONS = ("UNIQUE constraint failed", "duplicate key value", "Duplicate entry")  # SQLite, Postgres, MySQL
 
 
 def environment_tags() -> dict[str, str]:
@@ -81,7 +83,17 @@ class RunLogger:
         )
 
     def log_inputs(self, inputs: list[DatasetInput]) -> None:
-        self.client.log_inputs(self.run_id, datasets=inputs)
+        """Link the datasets; a second try when a parallel job inserted the same dataset first.
+
+        The store looks a dataset up, then inserts it: two jobs of one experiment doing so at once make the later
+        insert break the unique (experiment, name, digest) key. The retry finds the other job's row and links it.
+        """
+        try:
+            self.client.log_inputs(self.run_id, datasets=inputs)
+        except MlflowException as e:
+            if not any(sign in str(e) for sign in UNIQUE_VIOLATIONS):
+                raise
+            self.client.log_inputs(self.run_id, datasets=inputs)
 
     def set_tags(self, tags: dict[str, str]) -> None:
         self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])

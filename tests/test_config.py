@@ -16,6 +16,7 @@ from src import config as schema
 from src.cli import composition_error
 from src.errors import UsageError
 from src.schema_check import check_known_keys
+from src.tracking.identity import flatten
 from tests.helpers import ROOT, compose_config, run_cli, small_run
 
 GROUPS = {
@@ -215,10 +216,21 @@ def test_report_refuses_a_forced_key():
 
 @pytest.mark.parametrize(
     "overrides",
-    [(), ("++model.stem=small",), ("experiment=accuracy_cpu",), ("preset=seeds",)],
+    [(), ("++model.stem=small",), ("experiment=accuracy_cpu",), ("experiment=accuracy_cpu_64",), ("preset=seeds",)],
 )
 def test_schema_keys_experiments_and_presets_pass_the_check(overrides):
     check_known_keys(compose_config(*overrides), overrides)
+
+
+def test_the_64_recipe_is_accuracy_cpu_with_a_smaller_model_and_fewer_epochs_at_64():
+    cpu, cpu_64 = (flatten(compose_config(f"experiment={name}")) for name in ("accuracy_cpu", "accuracy_cpu_64"))
+    assert {key: (cpu[key], cpu_64[key]) for key in cpu if cpu[key] != cpu_64[key]} == {
+        "model.name": ("resnet18", "resnet10"),
+        "data.size": ("28", "64"),
+        "epochs": ("18", "5"),
+        "batch_size": ("32", "16"),
+        "warmup_epochs": ("2", "1"),
+    }
 
 
 def test_a_swept_forced_key_is_refused_before_the_sweep_starts():

@@ -287,6 +287,7 @@ class Config:
     label_smoothing: float = 0.0
     early_stop_patience: Optional[int] = None  # stop after this many epochs without a better val/auc
     warmup_epochs: int = 0  # linear learning-rate warm-up from lr/10 (before the schedule)
+    ema_decay: Optional[float] = None  # validate, keep and test an EMA of the weights and BatchNorm buffers (0.99)
     channels_last: bool = False
     cudnn_benchmark: bool = False
     compile: bool = False  # torch.compile the model
@@ -328,6 +329,8 @@ class Config:
             raise ValueError(f"early_stop_patience={self.early_stop_patience} must be >= 1 or null")
         if not 0 <= self.warmup_epochs < self.epochs:
             raise ValueError(f"warmup_epochs={self.warmup_epochs} must be >= 0 and < epochs={self.epochs}")
+        if self.ema_decay is not None and not 0 < self.ema_decay < 1:
+            raise ValueError(f"ema_decay={self.ema_decay} must be in (0, 1) or null (no EMA)")
         if self.grad_clip is not None and self.grad_clip <= 0:
             raise ValueError(f"grad_clip={self.grad_clip} must be > 0 or null")
         check_tags(self.tags)

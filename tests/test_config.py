@@ -306,6 +306,7 @@ def test_a_forced_unknown_key_stops_each_command_in_one_line_and_creates_no_run(
         ("tags=[status]", "tags: status is a tag medsweep sets itself: choose another name"),
         ("tags=[a.b]", "tags: 'a.b' is not a tag name: use letters, digits, _ and - (tags=[baseline,amp])"),
         ("mlflow.system_metrics_interval_s=0", "mlflow.system_metrics_interval_s=0.0 must be > 0"),
+        ("ema_decay=1", "ema_decay=1.0 must be in (0, 1) or null (no EMA)"),
     ],
 )
 def test_cross_field_checks_name_the_value(override, message):

@@ -147,10 +147,13 @@ def test_components_counted_on_each_device():
     one, two = (memory.predict(typed(f"epochs={e}"), CPU, batch_size=4) for e in (1, 2))
     parts = {k: v for k, v in dataclasses.asdict(one).items() if k.endswith("_mb") and k != "total_mb"}
     assert one.total_mb == pytest.approx(sum(v for k, v in parts.items() if one.counted()[k]))
-    assert {k for k, counted in one.counted().items() if not counted} == {"params_mb", "data_mb"}
+    assert {k for k, counted in one.counted().items() if not counted} == {"params_mb", "data_mb", "ema_mb"}
     assert all(dataclasses.replace(one, device="cuda").counted().values())
     assert one.gradients_mb == one.params_mb and one.optimizer_mb == 2 * one.params_mb  # adam
     assert one.best_weights_mb == 0 and two.best_weights_mb > two.params_mb  # parameters and BN buffers
+    averaged = memory.predict(typed("epochs=2", "ema_decay=0.99"), CPU, batch_size=4)
+    assert one.ema_mb == 0 and averaged.ema_mb == two.best_weights_mb  # the same copy: parameters and BN buffers
+    assert averaged.total_mb == two.total_mb  # on CPU in the baseline, created before MemoryMonitor.start
     assert one.data_mb == sum(typed().data.synthetic_samples) * (28**3 + 8) / memory.MIB
     assert memory.predict(typed("data.loader=dataloader"), CPU, batch_size=4).data_mb == 0
 

@@ -55,7 +55,9 @@ def assert_one_value_per_epoch(uri: str, run_id: str) -> None:
 
 def assert_same_weights(path: Path, reference: Path) -> None:
     ours, theirs = torch.load(path, weights_only=True), torch.load(reference, weights_only=True)
-    for part in ("model", "best_state"):
+    for part in ("model", "best_state", "ema"):
+        if ours[part] is None and theirs[part] is None:
+            continue
         assert ours[part].keys() == theirs[part].keys()
         assert all(torch.equal(ours[part][k], theirs[part][k]) for k in ours[part]), part
     assert all(
@@ -142,20 +144,21 @@ def trainer(shared_data, folder: Path, *overrides: str, preemption: Preemption |
     return Trainer(cfg, bn_net(), loaders, cpu, Rank(), hooks)
 
 
-@pytest.mark.parametrize("aug", ["none", "standard"])
-def test_a_trainer_stopped_by_sigterm_mid_epoch_resumes_bitwise(tmp_path, shared_data, aug):
+@pytest.mark.parametrize("switch", ["aug=none", "aug=standard", "ema_decay=0.9"])
+def test_a_trainer_stopped_by_sigterm_mid_epoch_resumes_bitwise(tmp_path, shared_data, switch):
     logged = {"whole": [], "parts": []}
-    whole = trainer(shared_data, tmp_path / "whole", f"aug={aug}")
+    whole = trainer(shared_data, tmp_path / "whole", switch)
     final = whole.fit(lambda metrics, step: logged["whole"].append((step, metrics)))
 
     preemption = Preemption()
-    stopped = trainer(shared_data, tmp_path / "parts", f"aug={aug}", "fault.term_step=4", preemption=preemption)
+    stopped = trainer(shared_data, tmp_path / "parts", switch, "fault.term_step=4", preemption=preemption)
     with preemption.installed(), pytest.raises(Preempted, match="stopped at epoch 2 step 1/3"):
         stopped.fit(lambda metrics, step: logged["parts"].append((step, metrics)))  # a real SIGTERM after step 4
     state = torch.load(tmp_path / "parts" / checkpoint.FILE, weights_only=True)
     assert (state["epoch"], state["step"]) == (1, 1) and len(state["running"]["loss"]) == 1
+    assert (state["ema"] is not None) == switch.startswith("ema_decay")
 
-    resumed = trainer(shared_data, tmp_path / "parts", f"aug={aug}", "fault.term_step=4")
+    resumed = trainer(shared_data, tmp_path / "parts", switch, "fault.term_step=4")
     resumed.load_state_dict(state)
     resumed_final = resumed.fit(lambda metrics, step: logged["parts"].append((step, metrics)))
 

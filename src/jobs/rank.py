@@ -186,7 +186,7 @@ def tested(run: RunLogger, trainer, splits: dict, test_set, metrics: dict[str, f
     weights logged first as the run's MLflow model."""
     model_id = None
     if trainer.cfg.mlflow.log_model:
-        model_id = log_model(run, trainer.raw_model, to_input(splits["test"][0][:2]), step)
+        model_id = log_model(run, trainer.evaluated, to_input(splits["test"][0][:2]), step)
         log.info("logged the tested weights as MLflow model %s (models:/%s)", model_id, model_id)
     test = {key: value for key, value in metrics.items() if key.startswith("test/")}
     run.log_metrics(test, step, model_id, test_set)

@@ -80,7 +80,7 @@ CPU_LARGEST_COPIES = 3.0  # oneDNN's reordered copies of the largest activation 
 CPU_COPIED_MB = 64.0  # ... counted up to this size
 CPU_HEAP_KEPT = 0.8  # of the heap-served activations glibc keeps resident ...
 CPU_HEAP_KEPT_WEIGHTS = 10  # ... up to this many times the largest weight
-CPU_BASELINE = ("params_mb", "data_mb")  # in the RSS at MemoryMonitor.start: not counted on CPU
+CPU_BASELINE = ("params_mb", "data_mb", "ema_mb")  # in the RSS at MemoryMonitor.start: not counted on CPU
 
 
 @dataclass(frozen=True)
@@ -279,9 +279,9 @@ def input_bytes(cfg: DataConfig, batch_size: int) -> int:
 class MemoryPrediction:
     """Predicted ``mem/peak_mb`` of a run and its components, in MiB; ``total_mb`` sums what ``device`` counts.
 
-    ``params_mb`` and ``data_mb`` count on CUDA only (on CPU they are in ``MemoryMonitor``'s baseline);
+    ``params_mb``, ``data_mb`` and ``ema_mb`` count on CUDA only (on CPU they are in ``MemoryMonitor``'s baseline);
     ``data_mb`` is 0 unless ``data.loader=tensor``; ``best_weights_mb`` is the copy of the best weights
-    ``fit`` holds from the second epoch on (0 for one epoch).
+    ``fit`` holds from the second epoch on (0 for one epoch), ``ema_mb`` the averaged copy ``ema_decay`` keeps.
     """
 
     device: str
@@ -294,6 +294,7 @@ class MemoryPrediction:
     activations_mb: float
     input_mb: float
     best_weights_mb: float
+    ema_mb: float
     transients_mb: float
     workspace_mb: float
     total_mb: float
@@ -347,6 +348,7 @@ def predict(cfg: Config, device: torch.device, batch_size: int | None = None) ->
         "activations_mb": fp.activations,
         "input_mb": batch_in,
         "best_weights_mb": fp.params + fp.buffers if cfg.epochs > 1 else 0,
+        "ema_mb": fp.params + fp.buffers if cfg.ema_decay is not None else 0,
         "transients_mb": max(0, peak - fp.params - fp.amp_copies - fp.activations - batch_in),
         "workspace_mb": cpu_workspace(fp, thread_count(cfg)) if device.type == "cpu" else 0,
     }

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm import tqdm
 
 from src.config import Config
@@ -46,6 +47,14 @@ class Hooks:
     epoch_metrics: tuple[Callable[[dict[str, float]], dict[str, float]], ...] = ()
 
 
+def ema_of(model: torch.nn.Module, decay: float | None) -> AveragedModel | None:
+    """torch's EMA of ``model``'s weights and buffers, or None without a decay. Its step counter stays on the CPU
+    (no ``device=``): the update's checks of it are no device sync."""
+    if decay is None:
+        return None
+    return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
+
+
 def steps_per_epoch(cfg: Config, batches: int) -> int:
     """Optimizer steps of an epoch over ``batches`` training micro-batches, at most ``limit_batches`` of them."""
     micro = batches if cfg.limit_batches is None else min(cfg.limit_batches, batches)
@@ -56,7 +65,9 @@ class Trainer:
     """Owns the model, optimizer, schedule and precision of one rank; ``fit`` trains, validates and tests.
 
     ``model`` is what trains (maybe compiled, maybe wrapped in DDP or DataParallel); ``raw_model`` the module
-    underneath, which the main rank evaluates and checkpoints. With ``hooks.checkpoint_to`` each epoch is saved
+    underneath, which every rank checkpoints; ``evaluated`` the one the main rank validates, keeps as the best and
+    tests: ``raw_model``, or with ``ema_decay`` its exponential moving average (weights and BatchNorm buffers,
+    updated after every optimizer step). With ``hooks.checkpoint_to`` each epoch is saved
     with ``hooks.checkpoint_meta`` before its metrics are logged; a requested ``hooks.preemption`` saves the
     exact step and raises :class:`Preempted`. :meth:`load_state_dict` continues from a checkpoint, bitwise as if
     never stopped on CPU.
@@ -73,6 +84,8 @@ class Trainer:
     ) -> None:
         self.cfg, self.model, self.loaders, self.device, self.rank = cfg, model, loaders, device, rank
         self.raw_model = checkpoint.unwrap(model)
+        self.ema = ema_of(self.raw_model, cfg.ema_decay)
+        self.evaluated = self.raw_model if self.ema is None else self.ema.module
         self.hooks = hooks or Hooks()
         self.epoch, self.step = 0, 0  # the next optimizer step: epoch, and step within it
         self.running: dict[str, list[float]] | None = None  # resumed mid-epoch: every rank's sums so far
@@ -135,6 +148,8 @@ class Trainer:
         scaler.step(self.optimizer)
         scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self.ema.update_parameters(self.raw_model)
         if self.sched_per_step:
             self.scheduler.step()
 
@@ -231,14 +246,14 @@ class Trainer:
     @torch.no_grad()
     def predict(self, split: str) -> tuple[float, np.ndarray, np.ndarray]:
         """Mean cross-entropy, labels and softmax scores on ``split`` (at most ``limit_batches`` batches)."""
-        self.raw_model.eval()
+        self.evaluated.eval()
         loss_sum, scores, labels = torch.zeros((), device=self.device), [], []
         for i, batch in enumerate(self.loaders[split]):
             if self.cfg.limit_batches is not None and i == self.cfg.limit_batches:
                 break
             images, target = self._batch(batch)
             with self.precision.autocast():
-                logits = self.raw_model(images)
+                logits = self.evaluated(images)
             loss_sum += F.cross_entropy(logits.float(), target, reduction="sum")
             scores.append(logits.float().softmax(1))
             labels.append(target)
@@ -261,7 +276,7 @@ class Trainer:
         log_tested: Callable[[dict[str, float], int], None] | None = None,
     ) -> dict[str, float]:
         """Train from :attr:`epoch` to ``epochs``, validating each; test the weights with the best validation AUC
-        (:attr:`raw_model` holds them when ``log_tested``, default ``log_metrics``, logs the test metrics).
+        (:attr:`evaluated` holds them when ``log_tested``, default ``log_metrics``, logs the test metrics).
 
         Each epoch is checkpointed before its metrics are logged, so a crash in between loses none (the
         checkpoint holds them: see :attr:`last_metrics`). Only the main rank validates, tests, logs and
@@ -278,7 +293,7 @@ class Trainer:
                 continue
             metrics.update(self.evaluate("val"))
             if self.best_state is None or metrics["val/auc"] > self.best_auc:
-                self.best_auc, self.best_state = metrics["val/auc"], copy.deepcopy(self.raw_model.state_dict())
+                self.best_auc, self.best_state = metrics["val/auc"], copy.deepcopy(self.evaluated.state_dict())
                 self.best_epoch = self.epoch
             self.last_metrics = metrics
             self._save()
@@ -286,7 +301,7 @@ class Trainer:
             log.info("epoch %d/%d %s", epoch + 1, self.cfg.epochs, " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
         if not self.rank.is_main:
             return {}
-        self.raw_model.load_state_dict(self.best_state)
+        self.evaluated.load_state_dict(self.best_state)
         test = self.evaluate("test")
         del test["test/loss"]
         final = {
@@ -323,6 +338,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.precision.scaler.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "ema": self.ema.state_dict() if self.ema is not None else None,
             "rng": checkpoint.rng_state(),
             "epoch": self.epoch,
             "step": self.step,
@@ -341,6 +357,8 @@ class Trainer:
         self.precision.scaler.load_state_dict(state["scaler"])
         if self.scheduler is not None:
             self.scheduler.load_state_dict(state["scheduler"])
+        if self.ema is not None:
+            self.ema.load_state_dict(state["ema"])
         checkpoint.set_rng_state(state["rng"])
         self.epoch, self.step, self.running = state["epoch"], state["step"], state["running"]
         self.best_auc, self.best_state = state["best_auc"], state["best_state"]

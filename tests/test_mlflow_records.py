@@ -39,6 +39,7 @@ def test_a_run_records_system_metrics_its_datasets_its_model_and_tags(tmp_path, 
         "mlflow.log_model=true",
         "mlflow.system_metrics_interval_s=0.2",
         "tags=[baseline,amp-study]",
+        "ema_decay=0.9",  # the logged model must be the tested (averaged) weights, not the last trained ones
     )
     assert result.returncode == 0, result.stderr[-3000:]
     client = mlflow.MlflowClient(store)

@@ -17,7 +17,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm import tqdm
 
 from src.config import Config
@@ -27,6 +26,7 @@ from src.parallel.preemption import Preempted, Preemption
 from src.resolve import resolve_amp_dtype
 from src.training import checkpoint
 from src.training.augment import Augment, step_generator
+from src.training.ema import WeightEMA
 from src.training.meters import MemoryMonitor, ThroughputMeter
 from src.training.metrics import clinical_metrics, medmnist_metrics
 from src.training.optim import Precision, build_optimizer, build_scheduler, class_weights
@@ -45,14 +45,6 @@ class Hooks:
     preemption: Preemption = dataclasses.field(default_factory=Preemption)  # never installed: never requested
     after_step: tuple[Callable[[int], None], ...] = ()
     epoch_metrics: tuple[Callable[[dict[str, float]], dict[str, float]], ...] = ()
-
-
-def ema_of(model: torch.nn.Module, decay: float | None) -> AveragedModel | None:
-    """torch's EMA of ``model``'s weights and buffers, or None without a decay. Its step counter stays on the CPU
-    (no ``device=``): the update's checks of it are no device sync."""
-    if decay is None:
-        return None
-    return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
 
 
 def steps_per_epoch(cfg: Config, batches: int) -> int:
@@ -84,7 +76,7 @@ class Trainer:
     ) -> None:
         self.cfg, self.model, self.loaders, self.device, self.rank = cfg, model, loaders, device, rank
         self.raw_model = checkpoint.unwrap(model)
-        self.ema = ema_of(self.raw_model, cfg.ema_decay)
+        self.ema = None if cfg.ema_decay is None else WeightEMA(self.raw_model, cfg.ema_decay)
         self.evaluated = self.raw_model if self.ema is None else self.ema.module
         self.hooks = hooks or Hooks()
         self.epoch, self.step = 0, 0  # the next optimizer step: epoch, and step within it
@@ -149,7 +141,7 @@ class Trainer:
         scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         if self.ema is not None:
-            self.ema.update_parameters(self.raw_model)
+            self.ema.update(self.raw_model)
         if self.sched_per_step:
             self.scheduler.step()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 from pathlib import Path
@@ -12,6 +13,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from src.models.profile import forward_flops, train_flops
+from src.perf.autobatch import CPU_HEADROOM, predicted_candidates, usable_mb
 from src.perf.memory import predict
 from src.training.meters import KNOWN_PEAKS, PEAK_MAX_AGE, cached_peaks, peak_cache_file, peak_flops, peak_key
 from src.training.mfu import Mfu
@@ -188,14 +190,25 @@ def test_auto_batch_fits_the_budget_and_keeps_the_effective_batch(tmp_path, stor
         "limit_batches=2",
     )
     cfg = OmegaConf.to_object(compose_config(*[o for o in overrides if not o.startswith("hydra.")]))
-    budget = predict(cfg, torch.device("cpu"), 4).total_mb + 1  # room for 4 per step, not for 8
+    budget = predict(cfg, CPU, 4).total_mb / (1 - CPU_HEADROOM) + 1  # room for 4 per step, not for 8
     result = run_cli(*overrides, f"mem_budget_mb={budget}")
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = runs(store)
     batch, accumulate = int(run.data.params["batch_size"]), int(run.data.params["accumulate"])
     assert batch in (2, 4) and batch * accumulate == 8 and run.data.params["effective_batch_size"] == "8"
-    assert run.data.tags["batch.auto"] == "true" and float(run.data.tags["batch.auto_predicted_mb"]) <= budget
+    usable = float(run.data.tags["batch.auto_usable_mb"])
+    assert usable == pytest.approx(budget * (1 - CPU_HEADROOM), abs=0.5)
+    assert run.data.tags["batch.auto"] == "true" and float(run.data.tags["batch.auto_predicted_mb"]) <= usable + 0.5
     assert run.data.metrics["mem/peak_mb"] <= budget, (run.data.tags, run.data.params["batch_size"], budget)
+
+
+def test_auto_batch_keeps_the_headroom_free_on_cpu_only(tmp_path, store, shared_data):
+    overrides = small_run(tmp_path, store, shared_data, "model.stem=small", "batch_size=auto", "effective_batch_size=8")
+    cfg = OmegaConf.to_object(compose_config(*[o for o in overrides if not o.startswith("hydra.")]))
+    at_4 = predict(cfg, CPU, 4).total_mb
+    for budget, batches in [(at_4 + 1, [2]), (at_4 / (1 - CPU_HEADROOM) + 1, [4, 2])]:  # BatchNorm: 2 or more
+        assert predicted_candidates(dataclasses.replace(cfg, mem_budget_mb=budget), CPU, 1) == (budget, batches)
+    assert usable_mb(1000.0, CPU) == 1000.0 * (1 - CPU_HEADROOM) and usable_mb(1000.0, torch.device("cuda")) == 1000.0
 
 
 def test_every_run_logs_its_predicted_memory(tmp_path, store, shared_data):

@@ -17,8 +17,8 @@ from src.training.build import build_trainer
 
 log = logging.getLogger(__name__)
 
-# On CPU the same configuration's peak (the resident set's growth) spreads by up to +-13% run to run, as glibc places
-# its heap (resnet10 at batch 4: 487-633 MiB over 9 runs), so auto plans within the budget less this share.
+# On CPU one configuration's peak (the resident set's growth) spreads by +-10% run to run, as glibc places its heap
+# (resnet10, small stem, batch 4, accumulate 2: 487, 488, 599 MiB), so auto plans within the budget less this share.
 CPU_HEADROOM = 0.15
 
 

@@ -48,6 +48,7 @@ def job(tmp_path: Path, store: str, shared_data: Path, seed: int) -> tuple[str, 
     return job_name(overrides), predict(cfg, device).total_mb
 
 
+@pytest.mark.slow
 def test_a_dry_sweep_lists_two_runs_and_two_skips_and_leaves_the_store_as_it_was(tmp_path, store, shared_data):
     finished = run_cli("-m", *small_run(tmp_path / "done", store, shared_data, "epochs=1", "seed=0,1"))
     assert finished.returncode == 0, finished.stderr[-3000:]
@@ -74,6 +75,7 @@ def test_a_dry_sweep_lists_two_runs_and_two_skips_and_leaves_the_store_as_it_was
     assert listed(result.stdout) == expected
 
 
+@pytest.mark.slow
 def test_a_parallel_dry_sweep_on_a_store_not_created_yet_times_the_jobs_and_creates_nothing(
     tmp_path, store, shared_data
 ):
@@ -96,6 +98,7 @@ def test_a_parallel_dry_sweep_on_a_store_not_created_yet_times_the_jobs_and_crea
     assert re.fullmatch(rf"total: 2 to run, 0 to skip \| ~[0-9.e-]+ min \| largest peak {peak:.0f} MiB", last)
 
 
+@pytest.mark.slow
 def test_a_single_dry_run_of_batch_size_auto_lists_the_predicted_batch_unprobed_and_its_total(
     tmp_path, store, shared_data
 ):
@@ -117,6 +120,7 @@ def test_a_single_dry_run_of_batch_size_auto_lists_the_predicted_batch_unprobed_
     assert not (tmp_path / "mlflow.db").exists()
 
 
+@pytest.mark.slow
 def test_bad_input_and_an_optuna_sweep_fail_a_dry_run_in_one_line_before_anything(tmp_path, store, shared_data):
     checked_by_the_dry_run = ("data.root=/nonexistent", "batch_size=2000")  # the others are refused by plan_job
     for overrides, message in [case for case in BAD_INPUTS if case[0][0] in checked_by_the_dry_run]:

@@ -26,6 +26,7 @@ def children(store):
     return [r for r in runs(store) if r.data.tags.get("mlflow.parentRunId")]
 
 
+@pytest.mark.slow
 def test_an_oom_job_is_tagged_and_the_sweep_goes_on(tmp_path, store, shared_data):
     result = run_cli(
         "-m",
@@ -43,6 +44,7 @@ def test_an_oom_job_is_tagged_and_the_sweep_goes_on(tmp_path, store, shared_data
     assert parent.info.status == "FAILED"  # a job of the sweep failed
 
 
+@pytest.mark.slow
 def test_oom_retry_halves_the_micro_batch_and_keeps_the_effective_batch(tmp_path, store, shared_data):
     result = run_cli(
         "-m",
@@ -68,6 +70,7 @@ def test_oom_retry_halves_the_micro_batch_and_keeps_the_effective_batch(tmp_path
     assert parent.info.status == "FINISHED"  # the job's last attempt succeeded
 
 
+@pytest.mark.slow
 def test_oom_in_a_single_run_is_one_clear_line(tmp_path, store, shared_data):
     result = run_cli(*small_run(tmp_path, store, shared_data, "fault.oom_step=1"))
     assert result.returncode == 2
@@ -88,6 +91,7 @@ def now() -> datetime.datetime:
     return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
 
 
+@pytest.mark.slow
 def test_runs_log_mfu_at_most_1_even_against_a_planted_low_peak(tmp_path, store, shared_data, monkeypatch):
     monkeypatch.setenv("MEDSWEEP_CACHE_DIR", str(tmp_path))  # inherited by the job's process
     started = now()
@@ -178,6 +182,7 @@ def test_torch_compile_trains(tmp_path, store, shared_data):
     assert run.info.status == "FINISHED" and run.data.params["compile"] == "True"
 
 
+@pytest.mark.slow
 def test_auto_batch_fits_the_budget_and_keeps_the_effective_batch(tmp_path, store, shared_data):
     overrides = small_run(
         tmp_path,
@@ -211,6 +216,7 @@ def test_auto_batch_keeps_the_headroom_free_on_cpu_only(tmp_path, store, shared_
     assert usable_mb(1000.0, CPU) == 1000.0 * (1 - CPU_HEADROOM) and usable_mb(1000.0, torch.device("cuda")) == 1000.0
 
 
+@pytest.mark.slow
 def test_every_run_logs_its_predicted_memory(tmp_path, store, shared_data):
     assert run_cli(*small_run(tmp_path, store, shared_data, "epochs=1")).returncode == 0
     (run,) = runs(store)

@@ -221,6 +221,7 @@ def assert_within_tolerance(cell: dict) -> None:
     assert 1 - TOLERANCE <= ratio <= 1 + TOLERANCE, cell
 
 
+@pytest.mark.slow
 def test_resnet18_run_matches_the_prediction(shared_data):
     assert_within_tolerance(measured_cell(shared_data, "model=resnet18", "model.stem=standard", "batch_size=4"))
 

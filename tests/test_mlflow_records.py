@@ -33,6 +33,7 @@ def only_run(uri: str) -> mlflow.entities.Run:
     return run
 
 
+@pytest.mark.slow
 def test_a_run_records_system_metrics_its_datasets_its_model_and_tags(tmp_path, store, shared_data, monkeypatch):
     result = run_cli(
         *small_run(tmp_path, store, shared_data),
@@ -85,6 +86,7 @@ def test_a_run_records_system_metrics_its_datasets_its_model_and_tags(tmp_path, 
     assert f"run: http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}/runs/{run.info.run_id}" in log
 
 
+@pytest.mark.slow
 def test_without_log_model_a_run_logs_no_model_and_register_says_how_to_get_one(tmp_path, store, shared_data):
     result = run_cli(*small_run(tmp_path, store, shared_data), "mlflow.system_metrics=false")
     assert result.returncode == 0, result.stderr[-3000:]

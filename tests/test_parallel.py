@@ -78,6 +78,7 @@ def test_gpu_slots_are_exclusive(tmp_path):
         assert again == 0  # released when the job ends
 
 
+@pytest.mark.slow
 def test_ddp_follows_the_single_process_loss_trajectory(tmp_path, store, shared_data):
     """parallel=ddp nproc=2 batch 8 == parallel=none batch 16 over 20 steps (GroupNorm: batch-independent)."""
     common = ("model.norm=group", "epochs=20", "limit_batches=1", "seed=11", "optim.lr=0.003")
@@ -130,6 +131,7 @@ def test_joblib_sweep_of_ddp_jobs_logs_each_job_once(tmp_path, store, shared_dat
     assert not (tmp_path / "run").exists() and tagged_processes(tag) == []
 
 
+@pytest.mark.slow
 def test_a_killed_rank_fails_the_job_and_leaves_no_process(tmp_path, store, shared_data):
     """A hang would hit run_cli's timeout (the process group is killed then); a healthy failure takes ~20 s."""
     result, tag = run_tagged(

@@ -116,6 +116,7 @@ def test_ddp_stopped_by_sigterm_mid_epoch_resumes_to_the_uninterrupted_metrics(t
 # -- artifacts beside an SQLite store ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_an_sqlite_store_keeps_the_artifacts_beside_it_whatever_the_working_directory(tmp_path, shared_data):
     (tmp_path / "store").mkdir()
     (tmp_path / "cwd").mkdir()

@@ -114,6 +114,7 @@ BAD_INPUTS = [
 ]
 
 
+@pytest.mark.slow
 def test_bad_inputs_fail_in_one_line_and_touch_no_finished_run(tmp_path, store, shared_data):
     assert run_cli(*small_run(tmp_path / "ok", store, shared_data, "epochs=1")).returncode == 0
     (finished,) = runs(store)
@@ -146,6 +147,7 @@ def test_unknown_model_group_option_names_the_choices(tmp_path, store, shared_da
     ]
 
 
+@pytest.mark.slow
 def test_a_failing_job_fails_the_parent_and_keeps_the_finished_child(tmp_path, store, shared_data):
     result = run_cli(
         "-m", *small_run(tmp_path, store, shared_data, "epochs=1", "amp=true", "amp_dtype=bfloat16,float16")

@@ -118,20 +118,15 @@ def no_batch_fits(budget: float) -> UsageError:
 def fit_batch(cfg: Config, device: torch.device, world: int) -> tuple[Config, dict[str, str]]:
     """``cfg`` with the chosen micro-batch and accumulation, and tags saying how it was chosen."""
     budget, batches = predicted_candidates(cfg, device, world)
+    usable = usable_mb(budget, device)
     for batch in batches:
         predicted = predicted_mb(cfg, device, batch)
         try:
             measured = probe_peak_mb(cfg, device, batch)
         except torch.OutOfMemoryError:
             continue
-        if measured > usable_mb(budget, device):
-            log.info(
-                "batch_size=auto: %d predicted %.0f MiB but measured %.0f > %.0f usable of the budget",
-                batch,
-                predicted,
-                measured,
-                usable_mb(budget, device),
-            )
+        if measured > usable:
+            log.info("batch_size=auto: %d predicted %.0f MiB, probed %.0f > %.0f", batch, predicted, measured, usable)
             continue
         fitted = at_batch(cfg, batch, world)
         log.info(
@@ -145,7 +140,7 @@ def fit_batch(cfg: Config, device: torch.device, world: int) -> tuple[Config, di
         return fitted, {
             "batch.auto": "true",
             "batch.auto_budget_mb": f"{budget:.0f}",
-            "batch.auto_usable_mb": f"{usable_mb(budget, device):.0f}",
+            "batch.auto_usable_mb": f"{usable:.0f}",
             "batch.auto_predicted_mb": f"{predicted:.0f}",
             "batch.auto_probe_mb": f"{measured:.0f}",
         }

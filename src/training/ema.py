@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-import itertools
+from itertools import chain, compress
 
 import torch
 from torch import nn
@@ -12,7 +12,7 @@ UPDATES = "ema.updates"  # the update count's key in the state dict
 
 
 def _tensors(model: nn.Module) -> list[torch.Tensor]:
-    return [t.detach() for t in itertools.chain(model.parameters(), model.buffers())]
+    return [t.detach() for t in chain(model.parameters(), model.buffers())]
 
 
 class WeightEMA:
@@ -26,13 +26,13 @@ class WeightEMA:
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
-        pairs = list(zip(_tensors(self.module), _tensors(model), strict=True))
-        averaged = [(mine, theirs) for mine, theirs in pairs if self.updates and mine.is_floating_point()]
-        if averaged:
-            torch._foreach_lerp_([mine for mine, _ in averaged], [theirs for _, theirs in averaged], 1 - self.decay)
-        for mine, theirs in pairs:
-            if not (self.updates and mine.is_floating_point()):
-                mine.copy_(theirs)
+        mine, theirs = _tensors(self.module), _tensors(model)
+        averaged = [bool(self.updates) and t.is_floating_point() for t in mine]
+        copied = [not a for a in averaged]
+        if any(averaged):
+            torch._foreach_lerp_(list(compress(mine, averaged)), list(compress(theirs, averaged)), 1 - self.decay)
+        if any(copied):
+            torch._foreach_copy_(list(compress(mine, copied)), list(compress(theirs, copied)))
         self.updates += 1
 
     def state_dict(self) -> dict[str, torch.Tensor]:

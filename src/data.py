@@ -23,26 +23,56 @@ log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
 SYNTHETIC = "synthetic"
+REDOWNLOAD = "delete it and rerun with data.download=true"
+REGENERATE = "delete it (data=synthetic regenerates it from a fixed seed)"
+MD5S: dict[tuple[Path, int, int, int], str] = {}  # (path, size, mtime_ns, inode) -> MD5, this process's hashes
+ARRAYS_CHECKED: set[tuple] = set()  # (path, size, mtime_ns, inode, config) of the synthetic files checked
+
+
+def npz_name(flag: str, size: int) -> str:
+    """medmnist's file name: ``<flag>[_<size>].npz``."""
+    return f"{flag}{'' if size == 28 else f'_{size}'}.npz"
 
 
 def npz_path(cfg: DataConfig) -> Path:
-    """Where the file for ``cfg`` lives: ``<root>/<flag>[_<size>].npz``, medmnist's naming."""
-    suffix = "" if cfg.size == 28 else f"_{cfg.size}"
+    """Where the file for ``cfg`` lives: ``<root>/<flag>[_<size>].npz``, the synthetic flag named by its samples."""
     name = cfg.name if cfg.name != SYNTHETIC else f"{SYNTHETIC}_{'-'.join(map(str, cfg.synthetic_samples))}"
-    return Path(cfg.root).expanduser() / f"{name}{suffix}.npz"
+    return Path(cfg.root).expanduser() / npz_name(name, cfg.size)
+
+
+def replace_fix(path: Path) -> str:
+    """How to replace a bad file: a synthetic one (named ``synthetic_*`` by :func:`npz_path`) is regenerated, a
+    MedMNIST one downloaded again."""
+    return REGENERATE if path.name.startswith(f"{SYNTHETIC}_") else REDOWNLOAD
+
+
+def flags_3d() -> list[str]:
+    """medmnist's 3D flags, sorted."""
+    from medmnist import INFO
+
+    return sorted(k for k in INFO if k.endswith("3d"))
 
 
 def medmnist_info(cfg: DataConfig) -> dict:
     """medmnist's INFO entry for ``cfg.name``; a clear error for an unknown flag."""
     from medmnist import INFO
 
-    flags = sorted(k for k in INFO if k.endswith("3d")) + [SYNTHETIC]
-    if cfg.name not in INFO or not cfg.name.endswith("3d"):
-        raise UsageError(f"data.name={cfg.name} is not a MedMNIST 3D dataset: use one of {', '.join(flags)}")
+    if cfg.name not in flags_3d():
+        flags = ", ".join(flags_3d() + [SYNTHETIC])
+        raise UsageError(f"data.name={cfg.name} is not a MedMNIST 3D dataset: use one of {flags}")
     return INFO[cfg.name]
 
 
 def md5(path: Path) -> str:
+    """The file's MD5, hashed once per version of the file (path, size, mtime, inode) in this process."""
+    stat = path.stat()
+    key = (path.resolve(), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    if key not in MD5S:
+        MD5S[key] = file_md5(path)
+    return MD5S[key]
+
+
+def file_md5(path: Path) -> str:
     digest = hashlib.md5()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -50,8 +80,36 @@ def md5(path: Path) -> str:
     return digest.hexdigest()
 
 
+def md5_key(size: int) -> str:
+    """The INFO key of the official file's MD5 at ``size``: ``MD5`` (28^3), ``MD5_64``, ..."""
+    return "MD5" if size == 28 else f"MD5_{size}"
+
+
 def expected_md5(cfg: DataConfig) -> str:
-    return medmnist_info(cfg)["MD5" if cfg.size == 28 else f"MD5_{cfg.size}"]
+    return medmnist_info(cfg)[md5_key(cfg.size)]
+
+
+def official_file(digest: str) -> tuple[str, int] | None:
+    """The MedMNIST 3D (flag, size) whose official file has MD5 ``digest``, or None."""
+    from medmnist import INFO
+
+    for flag in flags_3d():
+        for key, value in INFO[flag].items():
+            if key.startswith("MD5") and value == digest:
+                return flag, 28 if key == "MD5" else int(key.removeprefix("MD5_"))
+    return None
+
+
+def mismatch_fix(cfg: DataConfig, digest: str) -> str:
+    """What a file with another MD5 than ``cfg``'s is and how to fix it: another official file is renamed and
+    selected, anything else downloaded again."""
+    known = official_file(digest)
+    if known is None:
+        return f"no official MedMNIST file (corrupt or partial): {REDOWNLOAD}"
+    flag, size = known
+    overrides = (("data", flag, cfg.name), ("data.size", size, cfg.size))
+    select = " ".join(f"{key}={value}" for key, value, own in overrides if value != own)
+    return f"it is {flag} at data.size={size}: rename it {npz_name(flag, size)} and set {select}, or {REDOWNLOAD}"
 
 
 def download(cfg: DataConfig, path: Path) -> None:
@@ -61,7 +119,7 @@ def download(cfg: DataConfig, path: Path) -> None:
     log.info("downloading %s -> %s", url, path)
     with atomic_path(path) as partial:
         fetch(url, partial, cfg)
-        got, want = md5(partial), expected_md5(cfg)
+        got, want = file_md5(partial), expected_md5(cfg)
         if got != want:
             raise UsageError(
                 f"downloaded {url} has MD5 {got}, expected {want}: retry, or set data.url to a good mirror"
@@ -93,11 +151,15 @@ def ensure_file(cfg: DataConfig) -> Path:
 
 def check_file(cfg: DataConfig) -> bool:
     """Whether the verified `.npz` for ``cfg`` is there (False: :func:`ensure_file` will download or generate it);
-    raises what :func:`ensure_file` would refuse, writing nothing (a dry run checks the data this way)."""
+    raises what :func:`ensure_file` or :func:`load_splits` would refuse, writing nothing (a dry run and a sweep's
+    check of its jobs check the data this way). A MedMNIST file is verified by its MD5 and ``cfg`` against its INFO
+    entry, a synthetic one by its arrays."""
     path = npz_path(cfg)
     if cfg.name == SYNTHETIC:
+        if path.exists():
+            check_arrays(cfg, path)
         return path.exists()
-    medmnist_info(cfg)
+    info = medmnist_info(cfg)
     if not path.exists():
         if not cfg.download:
             raise UsageError(
@@ -107,11 +169,32 @@ def check_file(cfg: DataConfig) -> bool:
         return False
     got, want = md5(path), expected_md5(cfg)
     if got != want:
-        raise UsageError(
-            f"{path} has MD5 {got}, expected {want} (corrupt or partial file): "
-            f"delete it and rerun with data.download=true"
-        )
+        raise UsageError(f"{path} has MD5 {got}, expected {want}: {mismatch_fix(cfg, got)}")
+    for key, value in (
+        ("num_classes", len(info["label"])),
+        ("in_channels", info["n_channels"]),
+        ("task", info["task"]),
+    ):
+        if getattr(cfg, key) != value:
+            raise UsageError(
+                f"data.{key}={getattr(cfg, key)} does not fit {cfg.name}: its files hold {value}: "
+                f"set data.{key}={value}"
+            )
     return True
+
+
+def check_arrays(cfg: DataConfig, path: Path) -> None:
+    """A synthetic file's arrays against ``cfg`` (what :func:`load_splits` checks, and the samples its name gives),
+    once per version of the file in this process."""
+    stat = path.stat()
+    key = (path.resolve(), stat.st_size, stat.st_mtime_ns, stat.st_ino, cfg.num_classes, cfg.in_channels, cfg.size)
+    if key in ARRAYS_CHECKED:
+        return
+    for (split, (images, labels)), samples in zip(read_npz(path).items(), cfg.synthetic_samples):
+        fitted(cfg, path, split, images, labels)
+        if len(labels) != samples:
+            raise bad_split(path, split, f"{len(labels)} samples, expected {samples} (its name)", replace_fix(path))
+    ARRAYS_CHECKED.add(key)
 
 
 def split_sizes(cfg: DataConfig) -> dict[str, int]:
@@ -123,14 +206,39 @@ def split_sizes(cfg: DataConfig) -> dict[str, int]:
 
 
 def read_npz(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """``{split: (images uint8 (N, D, H, W) or (N, C, D, H, W), labels int64 (N,))}``."""
+    """``{split: (images uint8 (N, D, H, W) or (N, C, D, H, W), labels int64 (N,))}``, N >= 1; a file in another
+    format is refused with the fix for its kind (:func:`replace_fix`)."""
     try:
         with np.load(path, allow_pickle=False) as npz:
-            return {s: (npz[f"{s}_images"], npz[f"{s}_labels"].reshape(-1).astype(np.int64)) for s in SPLITS}
+            arrays = {s: (npz[f"{s}_images"], npz[f"{s}_labels"]) for s in SPLITS}
     except (KeyError, ValueError, OSError, zipfile.BadZipFile) as err:
-        raise UsageError(
-            f"{path} is not a MedMNIST .npz ({err}): delete it and rerun with data.download=true"
-        ) from None
+        raise UsageError(f"{path} is not a MedMNIST .npz ({err}): {replace_fix(path)}") from None
+    for split, (images, labels) in arrays.items():
+        problem = format_problem(images, labels)
+        if problem:
+            raise bad_split(path, split, problem, replace_fix(path))
+    return {s: (images, labels.reshape(-1).astype(np.int64)) for s, (images, labels) in arrays.items()}
+
+
+def format_problem(images: np.ndarray, labels: np.ndarray) -> str | None:
+    """What keeps a split from MedMNIST's format (uint8 volumes, one integer label each, a sample at least), or None;
+    no pass over the voxels."""
+    if images.dtype != np.uint8:
+        return f"images of dtype {images.dtype}, expected uint8 (MedMNIST's format)"
+    if images.ndim not in (4, 5):
+        return f"images of shape {images.shape}, expected (N, D, H, W) or (N, C, D, H, W)"
+    if not np.issubdtype(labels.dtype, np.integer):
+        return f"labels of dtype {labels.dtype}, expected integers"
+    if labels.shape not in ((len(images),), (len(images), 1)):
+        return f"{len(images)} images but labels of shape {labels.shape}, expected one label per image"
+    if not len(images):
+        return "no samples, expected at least one"
+    return None
+
+
+def bad_split(path: Path, split: str, problem: str, fix: str) -> UsageError:
+    """The one-line refusal of a split: the file, the split, what is wrong, the fix."""
+    return UsageError(f"{path}, {split} split: {problem}: {fix}")
 
 
 def write_synthetic(cfg: DataConfig, path: Path) -> None:
@@ -160,17 +268,24 @@ def write_synthetic(cfg: DataConfig, path: Path) -> None:
 def load_splits(cfg: DataConfig) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Images as uint8 ``(N, C, D, H, W)`` tensors and labels as int64 ``(N,)``, checked against ``cfg``."""
     path = ensure_file(cfg)
-    splits = {}
-    for split, (images, labels) in read_npz(path).items():
-        x = torch.from_numpy(images)
-        x = x.unsqueeze(1) if x.ndim == 4 else x
-        if tuple(x.shape[1:]) != (cfg.in_channels, cfg.size, cfg.size, cfg.size):
-            raise UsageError(
-                f"{path} holds {split} images of shape {tuple(x.shape[1:])}, expected "
-                f"{(cfg.in_channels, cfg.size, cfg.size, cfg.size)}: check data.size and data.in_channels"
-            )
-        splits[split] = (x, torch.from_numpy(labels))
-    return splits
+    return {split: fitted(cfg, path, split, *arrays) for split, arrays in read_npz(path).items()}
+
+
+def fitted(
+    cfg: DataConfig, path: Path, split: str, images: np.ndarray, labels: np.ndarray
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One split of :func:`read_npz` as tensors, its sample shape and label range checked against ``cfg``."""
+    x = torch.from_numpy(images)
+    x = x.unsqueeze(1) if x.ndim == 4 else x
+    shape = (cfg.in_channels, cfg.size, cfg.size, cfg.size)
+    if tuple(x.shape[1:]) != shape:
+        problem = f"sample shape {tuple(x.shape[1:])}, expected {shape}"
+        raise bad_split(path, split, problem, "check data.size and data.in_channels")
+    low, high = int(labels.min()), int(labels.max())
+    if low < 0 or high >= cfg.num_classes:
+        problem = f"labels in [{low}, {high}], expected [0, {cfg.num_classes}) for data.num_classes={cfg.num_classes}"
+        raise bad_split(path, split, problem, replace_fix(path))  # a MedMNIST file's classes: check_file
+    return x, torch.from_numpy(labels)
 
 
 def to_input(images: torch.Tensor) -> torch.Tensor:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import http.server
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -11,10 +13,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from medmnist import INFO
 
+import src.data
 from src.config import DataConfig, Loader
-from src.data import load_splits, make_loader, npz_path
+from src.data import check_file, load_splits, make_loader, npz_path
 from src.errors import UsageError
+
+REDOWNLOAD = "delete it and rerun with data.download=true"
+REGENERATE = "delete it (data=synthetic regenerates it from a fixed seed)"
 
 
 def adrenal(root: Path, **kw) -> DataConfig:
@@ -37,13 +44,66 @@ def test_missing_file_without_download_names_the_fix(tmp_path):
         load_splits(adrenal(tmp_path, download=False))
 
 
+def refusal(load, *args) -> str:
+    """The one-line message of the :class:`UsageError` ``load(*args)`` raises."""
+    with pytest.raises(UsageError) as err:
+        load(*args)
+    assert "\n" not in str(err.value)
+    return str(err.value)
+
+
 def test_wrong_checksum_is_refused(tmp_path, shared_data):
     bad = tmp_path / "adrenalmnist3d.npz"
     shutil.copy(shared_data / "vesselmnist3d.npz", bad)
-    with pytest.raises(
-        UsageError, match="has MD5 b41fd4f7e7e2feedddb201585ecafa1b, expected bbd3c5a5576322bc4cdfea780653b1ce"
-    ):
-        load_splits(adrenal(tmp_path, download=False))
+    assert refusal(load_splits, adrenal(tmp_path, download=False)) == (
+        f"{bad} has MD5 b41fd4f7e7e2feedddb201585ecafa1b, expected bbd3c5a5576322bc4cdfea780653b1ce: "
+        f"it is vesselmnist3d at data.size=28: rename it vesselmnist3d.npz and set data=vesselmnist3d, or {REDOWNLOAD}"
+    )
+
+
+def test_corrupt_file_is_told_to_download_again(tmp_path):
+    bad = tmp_path / "adrenalmnist3d.npz"
+    bad.write_bytes(b"not a zip")
+    assert refusal(load_splits, adrenal(tmp_path)) == (
+        f"{bad} has MD5 {src.data.file_md5(bad)}, expected {INFO['adrenalmnist3d']['MD5']}: "
+        f"no official MedMNIST file (corrupt or partial): {REDOWNLOAD}"
+    )
+
+
+def test_64_file_under_the_28_name_is_named_and_the_fix_loads_it(tmp_path, shared_data):
+    bad = tmp_path / "adrenalmnist3d.npz"
+    shutil.copy(shared_data / "adrenalmnist3d_64.npz", bad)
+    assert refusal(load_splits, adrenal(tmp_path, download=False)) == (
+        f"{bad} has MD5 {INFO['adrenalmnist3d']['MD5_64']}, expected {INFO['adrenalmnist3d']['MD5']}: it is "
+        f"adrenalmnist3d at data.size=64: rename it adrenalmnist3d_64.npz and set data.size=64, or {REDOWNLOAD}"
+    )
+    bad.rename(tmp_path / "adrenalmnist3d_64.npz")
+    assert load_splits(adrenal(tmp_path, size=64, download=False))["train"][0].shape[-1] == 64
+
+
+def test_md5_is_hashed_once_per_version_of_the_file(tmp_path, shared_data, monkeypatch):
+    shutil.copy(shared_data / "adrenalmnist3d.npz", tmp_path)
+    hashed, hash_file = [], src.data.file_md5
+    monkeypatch.setattr(src.data, "file_md5", lambda path: hashed.append(path) or hash_file(path))
+    cfg = adrenal(tmp_path, download=False)
+    assert [check_file(cfg) for _ in range(3)] == [True] * 3 and len(hashed) == 1
+    stat = npz_path(cfg).stat()
+    os.utime(npz_path(cfg), ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
+    assert check_file(cfg) and len(hashed) == 2
+
+
+def tree(root: Path) -> dict[Path, int]:
+    return {path: path.stat().st_mtime_ns for path in root.rglob("*")}
+
+
+def test_check_file_writes_nothing(tmp_path, shared_data):
+    shutil.copy(shared_data / "vesselmnist3d.npz", tmp_path / "adrenalmnist3d.npz")
+    before = tree(tmp_path)
+    assert not check_file(adrenal(tmp_path / "cache"))  # missing: ensure_file would download it
+    assert not check_file(synthetic(tmp_path / "cache"))  # missing: ensure_file would generate it
+    with pytest.raises(UsageError):
+        check_file(adrenal(tmp_path))
+    assert tree(tmp_path) == before
 
 
 def test_unknown_dataset_lists_the_valid_ones(tmp_path):
@@ -97,6 +157,74 @@ def test_synthetic_is_written_in_medmnist_format_and_balanced(tmp_path, size):
     ball, cube = images[labels == 0].float(), images[labels == 1].float()
     assert ball.mean() < cube.mean()  # the cube of the same radius has more bright voxels: learnable
     assert torch.equal(load_splits(cfg)["train"][0], images)  # same data on every load
+
+
+def synthetic(root: Path, **kw) -> DataConfig:
+    return DataConfig(name="synthetic", root=str(root), num_classes=2, synthetic_samples=[8, 4, 4], **kw)
+
+
+def rewritten(cfg: DataConfig, **arrays: np.ndarray) -> Path:
+    """``cfg``'s synthetic file, generated, with ``arrays`` put in its place."""
+    load_splits(cfg)
+    path = npz_path(cfg)
+    with np.load(path) as npz:
+        kept = dict(npz)
+    np.savez(path, **{**kept, **arrays})
+    return path
+
+
+NAN_IMAGES = np.full((8, 28, 28, 28), np.nan, np.float32)
+BAD_ARRAYS = {
+    "nan images": (
+        {"train_images": NAN_IMAGES},
+        "train split: images of dtype float32, expected uint8 (MedMNIST's format)",
+    ),
+    "labels too large": (
+        {"train_labels": np.arange(8).reshape(8, 1) % 3},
+        "train split: labels in [0, 2], expected [0, 2) for data.num_classes=2",
+    ),
+    "negative label": (
+        {"val_labels": np.array([0, -1, 1, 0])},
+        "val split: labels in [-1, 1], expected [0, 2) for data.num_classes=2",
+    ),
+    "float labels": ({"test_labels": np.zeros((4, 1))}, "test split: labels of dtype float64, expected integers"),
+    "fewer labels": (
+        {"test_labels": np.zeros((3, 1), np.uint8)},
+        "test split: 4 images but labels of shape (3, 1), expected one label per image",
+    ),
+    "two labels an image": (
+        {"train_labels": np.zeros((8, 2), np.uint8)},
+        "train split: 8 images but labels of shape (8, 2), expected one label per image",
+    ),
+    "empty split": (
+        {"val_images": np.zeros((0, 28, 28, 28), np.uint8), "val_labels": np.zeros((0, 1), np.uint8)},
+        "val split: no samples, expected at least one",
+    ),
+}
+
+
+@pytest.mark.parametrize("arrays, what", BAD_ARRAYS.values(), ids=BAD_ARRAYS)
+def test_bad_arrays_are_refused_on_load_with_the_fix(tmp_path, arrays, what):
+    cfg = synthetic(tmp_path)
+    path = rewritten(cfg, **arrays)
+    assert refusal(load_splits, cfg) == f"{path}, {what}: {REGENERATE}"
+    path.unlink()  # the fix: regenerated, it loads
+    assert len(load_splits(cfg)["val"][1]) == 4
+
+
+def test_corrupt_synthetic_file_is_told_to_delete_it(tmp_path):
+    cfg = synthetic(tmp_path)
+    npz_path(cfg).write_bytes(b"not a zip")
+    message = refusal(load_splits, cfg)
+    assert message.startswith(f"{npz_path(cfg)} is not a MedMNIST .npz (") and message.endswith(f"): {REGENERATE}")
+
+
+def test_medmnist_keys_that_do_not_fit_the_dataset_name_its_values(shared_data):
+    for key, value, held in (("num_classes", 3, 2), ("in_channels", 3, 1), ("task", "multi-class", "binary-class")):
+        cfg = dataclasses.replace(adrenal(shared_data, download=False), **{key: value})
+        assert refusal(load_splits, cfg) == (
+            f"data.{key}={value} does not fit adrenalmnist3d: its files hold {held}: set data.{key}={held}"
+        )
 
 
 def batches(loader, epoch):

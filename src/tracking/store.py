@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import logging
+import os
+import sqlite3
 import urllib.parse
-import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import mlflow
 from mlflow.entities import ExperimentTag
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 
 from src.errors import UsageError
 
@@ -20,6 +25,9 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TRACKING_URI = f"sqlite:///{PROJECT_ROOT / 'mlflow.db'}"
 EXPERIMENT_KIND, TRAINING = "mlflow.experimentKind", "custom_model_development"  # the UI opens on training runs
 ARTIFACTS_FOLDER = "mlartifacts"  # beside an SQLite store, as `mlflow server` keeps ./mlartifacts beside its own
+TIMEOUT_S = 5  # for each connection and answer of the store's check
+CONNECT_TIMEOUT_ARG = {"postgresql": "connect_timeout", "mysql": "connect_timeout", "mssql": "timeout"}  # drivers'
+SEARCH_EXPERIMENTS = "/api/2.0/mlflow/experiments/search"  # what the check asks a tracking server
 
 
 def tracking_uri(cfg: Any) -> str:
@@ -27,16 +35,15 @@ def tracking_uri(cfg: Any) -> str:
 
 
 def ensure_store(uri: str) -> mlflow.MlflowClient:
-    """Check the store answers, creating a fresh SQLite database now (once, before any job starts)."""
-    reachable(uri)
-    client = mlflow.MlflowClient(uri)
+    """Check the store (:func:`probe`) and open it, creating a fresh SQLite database now (before any job starts)."""
+    one_line_store_errors()
+    probe(uri)
     try:
-        client.search_experiments(max_results=1)
+        with exclusive_open(uri):
+            client = mlflow.MlflowClient(uri)
+            client.search_experiments(max_results=1)
     except Exception as err:  # any store failure is the user's URI to fix
-        raise UsageError(
-            f"mlflow.tracking_uri={uri} cannot be used ({type(err).__name__}: "
-            f"{str(err).splitlines()[0] if str(err) else ''}): fix or change mlflow.tracking_uri"
-        ) from None
+        raise unusable(uri, f"cannot be used ({reason(err)})", "fix or change mlflow.tracking_uri") from None
     return client
 
 
@@ -46,48 +53,221 @@ def check_store(uri: str) -> None:
     if store_exists(uri):
         ensure_store(uri)
     else:
-        reachable(uri)
+        probe(uri)
 
 
-def reachable(uri: str) -> None:
-    """A server that answers ``/health``; an SQLite database's folder that exists."""
+def probe(uri: str) -> None:
+    """Refuse in seconds, creating nothing, a store that cannot be used: a server that does not answer at once (MLflow
+    retries for minutes), an SQLite database or folder this process cannot write."""
     if uri.startswith(("http://", "https://")):
+        probe_server(uri)
+    elif (path := sqlite_path(uri)) is not None:
+        probe_sqlite(uri, path)
+    elif (backend := uri.partition(":")[0].partition("+")[0]) in CONNECT_TIMEOUT_ARG:
+        probe_database(uri, backend)
+
+
+def probe_server(uri: str) -> None:
+    """The tracking server answers ``/health`` and its REST API, once each, within :data:`TIMEOUT_S`: MLflow's HTTP
+    client with no retry (its credentials and TLS settings)."""
+    from mlflow.tracking._tracking_service.utils import get_default_host_creds  # what MLflow's RestStore sends
+    from mlflow.utils.rest_utils import http_request
+
+    for endpoint, method, body in (("/health", "GET", None), (SEARCH_EXPERIMENTS, "POST", {"max_results": 1})):
+        url = f"{uri.rstrip('/')}{endpoint}"
         try:
-            urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=10).close()
-        except OSError as err:
-            raise UsageError(
-                f"mlflow.tracking_uri={uri} is unreachable ({err}): start the server "
-                f"(mlflow server) or set mlflow.tracking_uri to a reachable store"
-            ) from None
-    elif uri.startswith("sqlite:///"):
-        folder = Path(uri.removeprefix("sqlite:///")).parent
-        if not folder.is_dir():
-            raise UsageError(
-                f"mlflow.tracking_uri={uri}: folder {folder} does not exist: create it "
-                f"or set mlflow.tracking_uri to another store"
+            reply = http_request(
+                get_default_host_creds(uri),
+                endpoint,
+                method,
+                max_retries=0,
+                timeout=TIMEOUT_S,
+                raise_on_status=False,
+                json=body,
             )
+        except MlflowException as err:
+            raise unusable(
+                uri,
+                f"is unreachable ({reason(err)} on {url})",
+                "start the server (mlflow server) or set mlflow.tracking_uri to a reachable store",
+            ) from None
+        if reply.status_code != 200:
+            raise unusable(
+                uri,
+                f"cannot be used: the server answered {reply.status_code} on {url}",
+                "see the server's log, or set mlflow.tracking_uri to another store",
+            )
+
+
+def probe_database(uri: str, backend: str) -> None:
+    """One connection to the database server, given up after :data:`TIMEOUT_S` (MLflow's engine retries for
+    minutes)."""
+    import sqlalchemy  # for database servers only
+
+    try:
+        engine = sqlalchemy.create_engine(
+            uri, poolclass=sqlalchemy.pool.NullPool, connect_args={CONNECT_TIMEOUT_ARG[backend]: TIMEOUT_S}
+        )
+        engine.connect().close()
+    except Exception as err:  # the driver's error, a malformed URI, a driver not installed
+        raise unusable(
+            uri,
+            f"cannot be connected to ({reason(err)})",
+            "start the database server, or fix the URI's host, port, user, password, database or driver",
+        ) from None
+
+
+def probe_sqlite(uri: str, path: Path) -> None:
+    """The database is a file this process can write (a write rolled back), or its folder is, to create it in."""
+    if path.is_dir():
+        raise unusable(
+            uri,
+            "is a folder, not an SQLite database file",
+            f"name a file in it, e.g. mlflow.tracking_uri=sqlite:///{path / 'mlflow.db'}",
+        )
+    if not path.parent.is_dir():
+        raise unusable(
+            uri,
+            f"cannot be created: folder {path.parent} does not exist",
+            "create it or set mlflow.tracking_uri to another store",
+        )
+    if not path.exists():
+        if not os.access(path.parent, os.W_OK):
+            raise read_only(uri, path.parent)
+        return
+    error = write_error(path)
+    if error is None or "locked" in str(error):  # locked: another process is writing it
+        return
+    if "readonly" in str(error):
+        raise read_only(uri, path if os.access(path.parent, os.W_OK) else path.parent)
+    if "disk is full" in str(error):
+        raise unusable(uri, f"has no space left on its disk ({path.parent})", "free space, or set another store")
+    raise unusable(
+        uri,
+        f"is not a usable SQLite database ({path}: {error})",
+        "point mlflow.tracking_uri at an MLflow SQLite database or at a new file",
+    )
+
+
+def write_error(path: Path) -> sqlite3.Error | None:
+    """What writing the existing SQLite database ``path`` raises, None when it can be written: a write rolled back,
+    the file neither created nor changed (a read-only folder refuses the write's journal)."""
+    try:
+        database = sqlite3.connect(f"{path.absolute().as_uri()}?mode=rw", uri=True, isolation_level=None)
+        with contextlib.closing(database) as connection:  # closing rolls the transaction back
+            connection.execute("BEGIN IMMEDIATE")  # waits (5 s at most) for another process's write
+            (version,) = connection.execute("PRAGMA user_version").fetchone()
+            connection.execute(f"PRAGMA user_version = {version}")
+    except sqlite3.Error as err:
+        return err
+    return None
+
+
+def read_only(uri: str, target: Path) -> UsageError:
+    kind = "folder" if target.is_dir() else "database"
+    return unusable(
+        uri,
+        f"is read-only: {kind} {target} is read-only for this user",
+        "make it writable, or set mlflow.tracking_uri to a store in a writable folder",
+    )
+
+
+@contextlib.contextmanager
+def exclusive_open(uri: str) -> Iterator[None]:
+    """MLflow's opening of an SQLite store one process at a time (an exclusive lock on its folder): MLflow creates a
+    fresh database's tables in steps that break when processes interleave them. A folder that cannot be locked (NFS
+    locks only files open for writing) is opened unlocked, as MLflow does."""
+    path = sqlite_path(uri)
+    if path is None:
+        yield
+        return
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(folder, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(folder)  # releases the lock
+
+
+def unusable(uri: str, problem: str, fix: str) -> UsageError:
+    """The one line that says which store cannot be used, why, and what to do."""
+    return UsageError(f"mlflow.tracking_uri={shown(uri)} {problem}: {fix}")
+
+
+class OneLine(logging.Filter):
+    """A record's error (and its traceback) as the one line :func:`reason` gives."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            record.msg, record.args = f"{record.getMessage().splitlines()[0]} {reason(record.exc_info[1])}", ()
+            record.exc_info = record.exc_text = None
+        return True
+
+
+@functools.cache
+def one_line_store_errors() -> None:
+    """MLflow's SQL store logs each database error with its traceback before it raises the error, which medsweep then
+    says in one line: its own log of it keeps one line too."""
+    logging.getLogger("mlflow.store.db.utils").addFilter(OneLine())
+
+
+def reason(err: BaseException) -> str:
+    """The first line of the innermost error behind ``err`` (``Connection refused``, ``file is not a database``), as
+    a traceback would show it first."""
+    while (inner := err.__cause__ or (None if err.__suppress_context__ else err.__context__)) is not None:
+        err = inner
+    text = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+    return text.strip().splitlines()[0] if text.strip() else type(err).__name__
+
+
+def shown(uri: str) -> str:
+    """``uri`` as messages print it: its password, if any, as ``***``."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.password is None:
+        return uri
+    user, _, host = parts.netloc.rpartition("@")
+    return parts._replace(netloc=f"{user.partition(':')[0]}:***@{host}").geturl()
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file an SQLite store URI names (relative to the working directory when relative); None for
+    other stores and an in-memory database."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    name = uri.removeprefix("sqlite:///").partition("?")[0]
+    return Path(name) if name not in ("", ":memory:") else None
 
 
 def artifact_root(uri: str) -> str | None:
     """Where an SQLite store's new experiments keep their artifacts: ``<store's folder>/mlartifacts`` (the folder
     ``mlflow server`` uses by default), as an absolute file URI, whatever the working directory; None for other
     stores (their server decides)."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    return (Path(uri.removeprefix("sqlite:///")).resolve().parent / ARTIFACTS_FOLDER).as_uri()
+    path = sqlite_path(uri)
+    return None if path is None else (path.resolve().parent / ARTIFACTS_FOLDER).as_uri()
 
 
 def experiment_id(client: mlflow.MlflowClient, name: str) -> str:
     """The id of experiment ``name``, tagged ``mlflow.experimentKind=custom_model_development`` (MLflow's UI then
     opens it on its training runs, not its GenAI overview); created if missing, in an SQLite store with its
     artifacts in ``<artifact_root>/<experiment id>``. One that keeps them under the working directory is used as it
-    is, with a warning."""
+    is, with a warning. Another process creating it at the same moment is no error: its experiment is used."""
     experiment = client.get_experiment_by_name(name)
-    if experiment is not None:
-        warn_if_under_cwd(experiment.name, experiment.artifact_location)
-        if experiment.tags.get(EXPERIMENT_KIND) != TRAINING:
-            client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND, TRAINING)
-        return experiment.experiment_id
+    if experiment is None:
+        try:
+            return create_experiment(client, name)
+        except MlflowException as err:
+            if err.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
+                raise
+        experiment = client.get_experiment_by_name(name)
+    warn_if_under_cwd(experiment.name, experiment.artifact_location)
+    if experiment.tags.get(EXPERIMENT_KIND) != TRAINING:
+        client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND, TRAINING)
+    return experiment.experiment_id
+
+
+def create_experiment(client: mlflow.MlflowClient, name: str) -> str:
+    """A new experiment ``name`` of training runs, in an SQLite store with its artifacts beside the store."""
     root = artifact_root(client.tracking_uri)
     tags = {EXPERIMENT_KIND: TRAINING}
     if root is None:
@@ -118,7 +298,8 @@ def warn_if_under_cwd(name: str, location: str) -> None:
 
 def store_exists(uri: str) -> bool:
     """False only for an SQLite store whose database file is not there yet (opening it would create it)."""
-    return not uri.startswith("sqlite:///") or Path(uri.removeprefix("sqlite:///")).exists()
+    path = sqlite_path(uri)
+    return path is None or path.exists()
 
 
 def finished_run(uri: str, experiment: str, hashed: str, fingerprint: str) -> mlflow.entities.Run | None:

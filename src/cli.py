@@ -1,34 +1,33 @@
 """The one command wrapper of ``python -m src.<command>``: Hydra on ``conf/<name>.yaml`` with the typed schema
-registered; a failed composition, a key the schema does not declare (even forced with ``+``) and a
-:class:`UsageError` are printed as one ``error:`` line with exit code 2, before the command starts."""
+registered; a failed composition, a key the schema does not declare (even forced with ``+``), a value outside its
+range (the schema's checks) and a :class:`UsageError` are printed as one ``error:`` line with exit code 2, before
+the command starts."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
+import signal
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
-from omegaconf import DictConfig
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+from hydra.errors import ConfigCompositionException, OverrideParseException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 from src.config import register
 from src.errors import UsageError
-from src.schema_check import check_known_keys, unknown_key_message
+from src.schema_check import check_known_keys, composition_error
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 FULL_ERROR = "HYDRA_FULL_ERROR"  # "1": Hydra raises its errors instead of printing them and exiting 1
 
 
-def command(
-    config_name: str, on_failure: Callable[[DictConfig, BaseException], None] | None = None
-) -> Callable[[Callable[[DictConfig], Any]], Callable[[], Any]]:
-    """``@command("report")`` makes ``fn(cfg)`` a Hydra app; ``on_failure(cfg, error)`` runs on any error first."""
+def command(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Callable[[], Any]]:
+    """``@command("report")`` makes ``fn(cfg)`` a Hydra app."""
     register()
 
     def decorate(fn: Callable[[DictConfig], Any]) -> Callable[[], Any]:
@@ -37,23 +36,31 @@ def command(
         def main(cfg: DictConfig) -> Any:
             try:
                 check_known_keys(cfg, HydraConfig.get().overrides.task)
+                check_values(cfg)
                 return fn(cfg)
-            except BaseException as err:
-                if on_failure is not None:
-                    on_failure(cfg, err)
-                if isinstance(err, UsageError):
-                    print(f"error: {err}", file=sys.stderr)
-                    sys.exit(2)
-                raise
+            except UsageError as err:
+                print(f"error: {err}", file=sys.stderr)
+                sys.exit(2)
 
         return reporting_composition_errors(main)
 
     return decorate
 
 
+def check_values(cfg: DictConfig) -> None:
+    """The typed schema's checks (types, mandatory values, each ``__post_init__``'s ranges) as one-line
+    :class:`UsageError`s."""
+    try:
+        OmegaConf.to_object(cfg)
+    except (ValueError, MissingMandatoryValue) as err:  # OmegaConf's: the key in full_key, then indented detail
+        key, line = getattr(err, "full_key", None), str(err).partition("\n")[0]
+        raise UsageError(f"{key}: {line}" if key else line) from None
+
+
 def reporting_composition_errors(hydra_main: Callable[..., Any]) -> Callable[..., Any]:
-    """Hydra prints a failed composition over several lines and exits 1: make it one ``error:`` line, exit 2.
-    With ``HYDRA_FULL_ERROR=1`` set by the user, Hydra's own report stands."""
+    """Hydra prints a failed composition over several lines and exits 1: make it one ``error:`` line, exit 2; Ctrl-C
+    outside a job one line, exit 130, not a traceback. With ``HYDRA_FULL_ERROR=1`` set by the user, Hydra's own report
+    stands."""
 
     @functools.wraps(hydra_main)
     def run(*args: Any) -> Any:
@@ -66,6 +73,9 @@ def reporting_composition_errors(hydra_main: Callable[..., Any]) -> Callable[...
         except (ConfigCompositionException, OverrideParseException) as err:
             print(f"error: {composition_error(err, sys.argv[1:])}", file=sys.stderr)
             sys.exit(2)
+        except KeyboardInterrupt:  # Ctrl-C outside a job (a job turns it into a checkpoint and exit 130 itself)
+            print("stopped (Ctrl-C)", file=sys.stderr)
+            sys.exit(128 + signal.SIGINT)
         finally:
             if previous is None:
                 del os.environ[FULL_ERROR]
@@ -73,17 +83,3 @@ def reporting_composition_errors(hydra_main: Callable[..., Any]) -> Callable[...
                 os.environ[FULL_ERROR] = previous
 
     return run
-
-
-def composition_error(err: Exception, overrides: Sequence[str]) -> str:
-    """Hydra's composition error as one line naming the bad value and the fix."""
-    if isinstance(err, MissingConfigException) and err.options and "/" in (err.missing_cfg_file or ""):
-        group, _, option = err.missing_cfg_file.rpartition("/")
-        return f"{group}={option} is not an option of {group}: use one of {', '.join(err.options)}"
-    cause = err.__cause__
-    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and dataclasses.is_dataclass(cause.object_type):
-        return unknown_key_message(cause.full_key, cause.object_type, overrides)  # an override of no schema key
-    texts = [f"cannot parse the override {err.override}"] if isinstance(err, OverrideParseException) else []
-    texts += [str(err)] + ([str(cause)] if isinstance(cause, OmegaConfBaseException) else [])
-    lines = [line for text in texts for line in text.split("Config search path:")[0].splitlines()]
-    return "; ".join(line.strip().rstrip(".") for line in lines if line.strip() and not line[0].isspace())

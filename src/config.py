@@ -1,11 +1,15 @@
 """Typed config schemas (Hydra structured configs); no torch import, Hydra only in ``register``.
 
+Each ``__post_init__`` refuses a value outside its key's range (NaN and inf included) with a ``ValueError`` naming
+the key, the value and the range; ``python -m src.<command>`` prints it as one ``error:`` line before it starts.
+
 Enum members are named in lower case (or as the override spells them, like ``B``) because
 OmegaConf matches an override against the member *name*.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from enum import Enum
@@ -14,6 +18,38 @@ from typing import Any, Optional
 from omegaconf import MISSING
 
 OBJECTIVES = ("test/auc", "val/auc")  # what a job can return: the test AUC, or the best epoch's validation AUC
+TASKS = ("binary-class", "multi-class")  # the single-label tasks the trainer's cross-entropy and metrics handle
+URL = re.compile(r"https?://[^/\s]+\S*|file://\S+")
+SEED_MAX = 2**32 - 1  # NumPy's seed range is [0, 2**32 - 1]
+
+
+def within(
+    key: str, value: Any, low: float, high: float = math.inf, ends: str = "[)", null: bool = False, fix: str = ""
+) -> None:
+    """Refuse ``value`` outside ``low``..``high`` (``ends``: ``[``/``]`` closed, ``(``/``)`` open), NaN and inf
+    included; ``null``: None passes."""
+    if value is None and null:
+        return
+    closed_low = ends[0] == "["
+    above = value >= low if closed_low else value > low
+    below = value <= high if ends[1] == "]" else value < high
+    if not (math.isfinite(value) and above and below):
+        bounds = f"in {ends[0]}{low}, {high}{ends[1]}" if high < math.inf else f"{'>=' if closed_low else '>'} {low}"
+        raise ValueError(f"{key}={value} must be {bounds}{' or null' if null else ''}{fix}")
+
+
+def each(key: str, values: list, *bounds: Any, count: int | None = None, what: str = "", **options: Any) -> None:
+    """``values``: exactly ``count`` of them (``what`` they are) if set, each :func:`within` ``bounds``."""
+    if count is not None and len(values) != count:
+        raise ValueError(f"{key}={values} must be {count} values: {what}")
+    for i, value in enumerate(values):
+        within(f"{key}[{i}]", value, *bounds, **options)
+
+
+def filled(key: str, value: Optional[str], null: bool = False) -> None:
+    """Refuse an empty or blank string (None passes when ``null``)."""
+    if not (value is None and null) and not (value or "").strip():
+        raise ValueError(f"{key}={value!r} must be a non-blank string{' or null' if null else ''}")
 
 
 class Stem(Enum):
@@ -136,10 +172,18 @@ class DataConfig:
     synthetic_samples: list[int] = field(default_factory=lambda: [256, 64, 64])
 
     def __post_init__(self) -> None:
+        filled("data.root", self.root)
         if self.size not in (28, 64):
             raise ValueError(f"data.size={self.size} is not a MedMNIST 3D size: use data.size=28 or 64")
-        if self.num_workers < 0:
-            raise ValueError(f"data.num_workers={self.num_workers} must be >= 0")
+        if self.url is not None and not URL.fullmatch(self.url):
+            raise ValueError(f"data.url={self.url!r} must be an http(s):// or file:// URL, or null (medmnist's own)")
+        within("data.in_channels", self.in_channels, 1)
+        within("data.num_classes", self.num_classes, 2)
+        if self.task not in TASKS:
+            raise ValueError(f"data.task={self.task} is not a task the trainer supports: use one of {', '.join(TASKS)}")
+        within("data.num_workers", self.num_workers, 0)
+        sizes = "the train, val and test sizes, e.g. [256,64,64]"
+        each("data.synthetic_samples", self.synthetic_samples, 1, count=3, what=sizes)
 
 
 @dataclass
@@ -167,20 +211,14 @@ class AugConfig:
     noise_std: float = 0.0
 
     def __post_init__(self) -> None:
-        for key in (
-            "affine_degrees",
-            "affine_scale",
-            "affine_translate",
-            "intensity_scale",
-            "intensity_shift",
-            "noise_std",
-        ):
-            if getattr(self, key) < 0:
-                raise ValueError(f"aug.{key}={getattr(self, key)} must be >= 0")
-        if not 0 <= self.affine_p <= 1:
-            raise ValueError(f"aug.affine_p={self.affine_p} must be in [0, 1]")
-        if self.affine_scale >= 1:
-            raise ValueError(f"aug.affine_scale={self.affine_scale} must be < 1 (scale 1 +- affine_scale)")
+        filled("aug.name", self.name)
+        within("aug.affine_p", self.affine_p, 0, 1, "[]", fix=" (a probability)")
+        within("aug.affine_degrees", self.affine_degrees, 0, 180, "[]", fix=" (rotation in +- affine_degrees)")
+        within("aug.affine_scale", self.affine_scale, 0, 1, fix=" (scale 1 +- affine_scale)")
+        within("aug.affine_translate", self.affine_translate, 0, 1, "[]", fix=" (shift in +- affine_translate sides)")
+        within("aug.intensity_scale", self.intensity_scale, 0, 1, fix=" (contrast 1 +- intensity_scale)")
+        within("aug.intensity_shift", self.intensity_shift, 0, 1, "[]", fix=" (brightness on the [-1, 1] scale)")
+        within("aug.noise_std", self.noise_std, 0, fix=" (on the [-1, 1] scale)")
 
 
 @dataclass
@@ -193,6 +231,17 @@ class OptimConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     fused: bool = True  # torch's fused kernel: one pass over each parameter (CPU and CUDA); false: its loop
 
+    def __post_init__(self) -> None:
+        within("optim.lr", self.lr, 0, fix=" (0 freezes the weights)")
+        within("optim.weight_decay", self.weight_decay, 0)
+        within("optim.momentum", self.momentum, 0, 1)
+        if self.nesterov and not (self.name is OptimName.sgd and self.momentum > 0):
+            raise ValueError(
+                f"optim.nesterov=true with optim.name={self.name.value}, optim.momentum={self.momentum}: "
+                f"Nesterov needs optim=sgd with optim.momentum > 0; or use optim.nesterov=false"
+            )
+        each("optim.betas", self.betas, 0, 1, count=2, what="Adam's beta1 and beta2, e.g. [0.9,0.999]")
+
 
 @dataclass
 class SchedConfig:
@@ -202,6 +251,13 @@ class SchedConfig:
     min_lr: float = 0.0
     base_lr: float = 1e-4  # cyclic
     cycle_epochs: float = 2.0  # cyclic: epochs per up-and-down cycle
+
+    def __post_init__(self) -> None:
+        each("sched.milestones", self.milestones, 0, 1, "()", fix=" (a fraction of the epochs)")
+        within("sched.gamma", self.gamma, 0, 1, "(]", fix=" (the factor at each milestone)")
+        within("sched.min_lr", self.min_lr, 0)
+        within("sched.base_lr", self.base_lr, 0, ends="()")
+        within("sched.cycle_epochs", self.cycle_epochs, 0, ends="()")
 
 
 @dataclass
@@ -215,8 +271,8 @@ class ParallelConfig:
     timeout_s: int = 600  # a collective waiting longer than this fails the job
 
     def __post_init__(self) -> None:
-        if self.nproc is not None and self.nproc < 1:
-            raise ValueError(f"parallel.nproc={self.nproc} must be >= 1 or null")
+        within("parallel.nproc", self.nproc, 1, null=True)
+        within("parallel.timeout_s", self.timeout_s, 1)
 
 
 @dataclass
@@ -231,6 +287,13 @@ class FaultConfig:
     oom_step: Optional[int] = None
     oom_min_batch: int = 1
 
+    def __post_init__(self) -> None:
+        within("fault.kill_rank", self.kill_rank, 0, null=True)
+        within("fault.kill_step", self.kill_step, 1)
+        within("fault.term_step", self.term_step, 1, null=True)
+        within("fault.oom_step", self.oom_step, 1, null=True)
+        within("fault.oom_min_batch", self.oom_min_batch, 1)
+
 
 @dataclass
 class CheckpointConfig:
@@ -244,6 +307,9 @@ class CheckpointConfig:
 class StoreConfig:
     tracking_uri: Optional[str] = None  # null: sqlite:///<project root>/mlflow.db
 
+    def __post_init__(self) -> None:
+        filled("mlflow.tracking_uri", self.tracking_uri, null=True)
+
 
 @dataclass
 class MlflowConfig(StoreConfig):
@@ -253,8 +319,9 @@ class MlflowConfig(StoreConfig):
     log_model: bool = False  # the best-validation weights as an MLflow PyTorch model (the run's logged model)
 
     def __post_init__(self) -> None:
-        if self.system_metrics_interval_s <= 0:
-            raise ValueError(f"mlflow.system_metrics_interval_s={self.system_metrics_interval_s} must be > 0")
+        super().__post_init__()
+        filled("mlflow.experiment", self.experiment)
+        within("mlflow.system_metrics_interval_s", self.system_metrics_interval_s, 0, ends="()")
 
 
 @dataclass
@@ -315,30 +382,28 @@ class Config:
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective={self.objective} is not a job result: use one of {', '.join(OBJECTIVES)}")
         for key in (() if named else ("batch_size",)) + ("accumulate", "epochs", "log_every"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key}={getattr(self, key)} must be >= 1")
-        if self.limit_batches is not None and self.limit_batches < 1:
-            raise ValueError(f"limit_batches={self.limit_batches} must be >= 1 or null")
-        if self.num_threads is not None and self.num_threads < 1:
-            raise ValueError(f"num_threads={self.num_threads} must be >= 1 or null")
-        if self.effective_batch_size is not None and self.effective_batch_size < 1:
-            raise ValueError(f"effective_batch_size={self.effective_batch_size} must be >= 1 or null")
-        if not 0 <= self.label_smoothing < 1:
-            raise ValueError(f"label_smoothing={self.label_smoothing} must be in [0, 1)")
-        if self.early_stop_patience is not None and self.early_stop_patience < 1:
-            raise ValueError(f"early_stop_patience={self.early_stop_patience} must be >= 1 or null")
-        if not 0 <= self.warmup_epochs < self.epochs:
-            raise ValueError(f"warmup_epochs={self.warmup_epochs} must be >= 0 and < epochs={self.epochs}")
-        if self.ema_decay is not None and not 0 < self.ema_decay < 1:
-            raise ValueError(f"ema_decay={self.ema_decay} must be in (0, 1) or null (no EMA)")
-        if self.grad_clip is not None and self.grad_clip <= 0:
-            raise ValueError(f"grad_clip={self.grad_clip} must be > 0 or null")
+            within(key, getattr(self, key), 1)
+        for key in ("limit_batches", "num_threads", "effective_batch_size", "early_stop_patience"):
+            within(key, getattr(self, key), 1, null=True)
+        within("mem_budget_mb", self.mem_budget_mb, 0, ends="()", null=True)
+        within("seed", self.seed, 0, SEED_MAX, "[]")
+        within("label_smoothing", self.label_smoothing, 0, 1)
+        within("warmup_epochs", self.warmup_epochs, 0, self.epochs, fix=f" (below epochs={self.epochs})")
+        within("ema_decay", self.ema_decay, 0, 1, "()", null=True, fix=" (no EMA)")
+        within("grad_clip", self.grad_clip, 0, ends="()", null=True)
+        filled("rerun", self.rerun, null=True)
+        filled("resume", self.resume, null=True)
         check_tags(self.tags)
+        check_schedule(self)
 
 
 @dataclass
 class ReportMlflowConfig(StoreConfig):
     experiment: Optional[str] = None  # a selector here: report every run of this experiment
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        filled("mlflow.experiment", self.experiment, null=True)
 
 
 @dataclass
@@ -354,9 +419,25 @@ class ReportConfig:
     register: Optional[str] = None  # register the best run's logged model (by val/auc) under this name
 
     def __post_init__(self) -> None:
-        if self.margin < 0:
-            raise ValueError(f"margin={self.margin} must be >= 0 (an AUC difference)")
+        for key in ("sweep", "parent", "out", "register"):
+            filled(key, getattr(self, key), null=True)
+        within("margin", self.margin, 0, 1, "[]", fix=" (an AUC difference)")
         check_tags(self.tags)
+
+
+def check_schedule(cfg: Config) -> None:
+    """The schedule against the optimizer and the warm-up: cosine anneals from ``optim.lr`` down to ``min_lr``; cyclic
+    runs between ``base_lr`` and ``optim.lr`` and steps per optimizer step, so it takes no per-epoch warm-up."""
+    lr, sched = cfg.optim.lr, cfg.sched
+    if sched.name is SchedName.cosine:
+        within("sched.min_lr", sched.min_lr, 0, lr, "[]", fix=": cosine's floor, at most optim.lr (its start)")
+    if sched.name is SchedName.cyclic:
+        within("sched.base_lr", sched.base_lr, 0, lr, "()", fix=": the cycle's bottom, below optim.lr (its top)")
+        if cfg.warmup_epochs:
+            raise ValueError(
+                f"warmup_epochs={cfg.warmup_epochs} with sched=cyclic, which steps per optimizer step: "
+                f"use warmup_epochs=0 or a per-epoch schedule"
+            )
 
 
 TAG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
@@ -378,8 +459,14 @@ def check_tags(tags: list[str]) -> None:
 def register() -> None:
     """Register the schema as ``base_config``; ``conf/config.yaml`` composes on top of it, so every
     group file is merged into a typed node (a wrong key, type or choice fails at composition).
-    ``base_report`` is ``conf/report.yaml``'s."""
+    ``base_report`` is ``conf/report.yaml``'s. The resolver ``${fresh:<folder>}`` claims a folder of its own
+    (:func:`src.folders.fresh`)."""
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    from src.folders import fresh
 
     ConfigStore.instance().store(name="base_config", node=Config)
     ConfigStore.instance().store(name="base_report", node=ReportConfig)
+    if not OmegaConf.has_resolver("fresh"):
+        OmegaConf.register_new_resolver("fresh", fresh, use_cache=True)

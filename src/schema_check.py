@@ -1,6 +1,7 @@
-"""Keys the schema does not declare. Hydra's ``+key=value`` force-adds a key even into a typed node, so after
-composition every node typed with a dataclass of :mod:`src.config` may hold only that dataclass's fields; any
-other key, at any depth, is refused with one :class:`UsageError` line naming it, its override and the valid keys."""
+"""Keys the schema does not declare, and Hydra's composition errors, as one line. Hydra's ``+key=value`` force-adds
+a key even into a typed node, so after composition every node typed with a dataclass of :mod:`src.config` may hold
+only that dataclass's fields; any other key, at any depth, is refused with one :class:`UsageError` line naming it,
+its override and the valid keys."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from typing import Any, Iterator, Sequence
 
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import MissingConfigException, OverrideParseException
 from omegaconf import DictConfig
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from src.errors import UsageError
 
@@ -85,3 +88,17 @@ def _check_path(cfg: DictConfig, key: str, overrides: Sequence[str]) -> None:
         if not isinstance(node, DictConfig) or part not in node:
             return
         node = node._get_node(part)
+
+
+def composition_error(err: Exception, overrides: Sequence[str]) -> str:
+    """Hydra's composition error as one line naming the bad value and the fix."""
+    if isinstance(err, MissingConfigException) and err.options and "/" in (err.missing_cfg_file or ""):
+        group, _, option = err.missing_cfg_file.rpartition("/")
+        return f"{group}={option} is not an option of {group}: use one of {', '.join(err.options)}"
+    cause = err.__cause__
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and dataclasses.is_dataclass(cause.object_type):
+        return unknown_key_message(cause.full_key, cause.object_type, overrides)  # an override of no schema key
+    texts = [f"cannot parse the override {err.override}"] if isinstance(err, OverrideParseException) else []
+    texts += [str(err)] + ([str(cause)] if isinstance(cause, OmegaConfBaseException) else [])
+    lines = [line for text in texts for line in text.split("Config search path:")[0].splitlines()]
+    return "; ".join(line.strip().rstrip(".") for line in lines if line.strip() and not line[0].isspace())

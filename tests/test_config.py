@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import typing
 from enum import Enum
+from typing import Iterator, Optional
 
 import mlflow
 import pytest
@@ -13,9 +15,9 @@ from hydra.errors import ConfigCompositionException, MissingConfigException, Ove
 from omegaconf import OmegaConf
 
 from src import config as schema
-from src.cli import composition_error
+from src.cli import check_values
 from src.errors import UsageError
-from src.schema_check import check_known_keys
+from src.schema_check import check_known_keys, composition_error
 from src.tracking.identity import flatten
 from tests.helpers import ROOT, compose_config, run_cli, small_run
 
@@ -117,6 +119,10 @@ MODEL_KEYS = (
     "shortcut, checkpointing, inplace_act: fix the spelling"
 )
 TOP_LEVEL_KEYS = "top-level keys: " + ", ".join(field.name for field in dataclasses.fields(schema.Config))
+CYCLIC_WARMUP = (
+    "warmup_epochs=1 with sched=cyclic, which steps per optimizer step: use warmup_epochs=0 or a per-epoch schedule"
+)
+NOT_A_URL = "must be an http(s):// or file:// URL, or null (medmnist's own)"
 MODELS = (
     "densenet121, densenet169, densenet201, densenet264, "
     "resnet10, resnet101, resnet152, resnet18, resnet200, resnet34, resnet50"
@@ -203,9 +209,14 @@ def test_keys_forced_with_plus_are_refused_at_any_depth(override, line):
         check_known_keys(cfg, [override])
 
 
-def test_report_refuses_a_forced_key():
+def compose_report(*overrides: str):
+    """The real Hydra composition of ``conf/report.yaml`` (``python -m src.report``) with ``overrides``."""
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("report", overrides=["+bar=1", "sweep=x"])
+        return compose("report", overrides=list(overrides))
+
+
+def test_report_refuses_a_forced_key():
+    cfg = compose_report("+bar=1", "sweep=x")
     line = (
         "unknown key bar (forced with +bar=1): ReportConfig has no such key; "
         "top-level keys: mlflow, sweep, parent, out, margin, tags, register: fix the spelling"
@@ -216,10 +227,17 @@ def test_report_refuses_a_forced_key():
 
 @pytest.mark.parametrize(
     "overrides",
-    [(), ("++model.stem=small",), ("experiment=accuracy_cpu",), ("experiment=accuracy_cpu_64",), ("preset=seeds",)],
+    [(), ("++model.stem=small",), ("aug=standard",)]
+    + [
+        (f"{group}={path.stem}",)
+        for group in ("experiment", "preset")
+        for path in sorted((ROOT / "conf" / group).glob("*.yaml"))
+    ],
 )
 def test_schema_keys_experiments_and_presets_pass_the_check(overrides):
-    check_known_keys(compose_config(*overrides), overrides)
+    cfg = compose_config(*overrides)
+    check_known_keys(cfg, overrides)
+    check_values(cfg)
 
 
 def test_the_64_recipe_is_accuracy_cpu_with_a_smaller_model_and_fewer_epochs_at_64():
@@ -280,10 +298,11 @@ def test_a_swept_forced_key_is_refused_before_the_sweep_starts():
             "unknown key bar (forced with +bar=1): ReportConfig has no such key; "
             "top-level keys: mlflow, sweep, parent, out, margin, tags, register: fix the spelling",
         ),
+        ("src.report", ("margin=-0.1",), "margin=-0.1 must be in [0, 1] (an AUC difference)"),
     ],
-    ids=["train", "train-multirun", "memory", "summary", "report"],
-)
-def test_a_forced_unknown_key_stops_each_command_in_one_line_and_creates_no_run(
+    ids=["train", "train-multirun", "memory", "summary", "report", "report-margin"],
+)  # more values out of range, each command: tests/test_hostile.py (slow)
+def test_a_bad_key_or_value_stops_each_command_in_one_line_and_creates_no_run(
     tmp_path, store, shared_data, module, args, line
 ):
     extra = small_run(tmp_path, store, shared_data) if module == "src.train" else (f"mlflow.tracking_uri={store}",)
@@ -294,21 +313,213 @@ def test_a_forced_unknown_key_stops_each_command_in_one_line_and_creates_no_run(
     assert client.search_runs([experiment.experiment_id for experiment in client.search_experiments()]) == []
 
 
+BAD_VALUES = [
+    ("batch_size=0", "batch_size=0 must be >= 1"),
+    ("batch_size=four", "batch_size=four must be an integer >= 1, auto or derived"),
+    ("effective_batch_size=0", "effective_batch_size=0 must be >= 1 or null"),
+    ("accumulate=0", "accumulate=0 must be >= 1"),
+    ("epochs=0", "epochs=0 must be >= 1"),
+    ("log_every=0", "log_every=0 must be >= 1"),
+    ("limit_batches=0", "limit_batches=0 must be >= 1 or null"),
+    ("num_threads=0", "num_threads=0 must be >= 1 or null"),
+    ("early_stop_patience=0", "early_stop_patience=0 must be >= 1 or null"),
+    ("mem_budget_mb=0", "mem_budget_mb=0.0 must be > 0 or null"),
+    ("seed=-1", "seed=-1 must be in [0, 4294967295]"),
+    ("seed=4294967296", "seed=4294967296 must be in [0, 4294967295]"),
+    ("label_smoothing=1", "label_smoothing=1.0 must be in [0, 1)"),
+    ("warmup_epochs=-1", "warmup_epochs=-1 must be in [0, 15) (below epochs=15)"),
+    ("warmup_epochs=3 epochs=3", "warmup_epochs=3 must be in [0, 3) (below epochs=3)"),
+    ("ema_decay=1", "ema_decay=1.0 must be in (0, 1) or null (no EMA)"),
+    ("grad_clip=0", "grad_clip=0.0 must be > 0 or null"),
+    ("tags=[status]", "tags: status is a tag medsweep sets itself: choose another name"),
+    ("tags=[a.b]", "tags: 'a.b' is not a tag name: use letters, digits, _ and - (tags=[baseline,amp])"),
+    ("data.size=32", "data.size=32 is not a MedMNIST 3D size: use data.size=28 or 64"),
+    ("data.url=ftp://x/a.npz", f"data.url='ftp://x/a.npz' {NOT_A_URL}"),
+    ("data.url=x.org/a.npz", f"data.url='x.org/a.npz' {NOT_A_URL}"),
+    ("data.in_channels=0", "data.in_channels=0 must be >= 1"),
+    ("data.num_classes=1", "data.num_classes=1 must be >= 2"),
+    (
+        "data.task=multi-label",
+        "data.task=multi-label is not a task the trainer supports: use one of binary-class, multi-class",
+    ),
+    ("data.num_workers=-1", "data.num_workers=-1 must be >= 0"),
+    (
+        "data.synthetic_samples=[256,64]",
+        "data.synthetic_samples=[256, 64] must be 3 values: the train, val and test sizes, e.g. [256,64,64]",
+    ),
+    ("data.synthetic_samples=[256,0,64]", "data.synthetic_samples[1]=0 must be >= 1"),
+    ("aug.affine_p=1.5", "aug.affine_p=1.5 must be in [0, 1] (a probability)"),
+    ("aug.affine_degrees=181", "aug.affine_degrees=181.0 must be in [0, 180] (rotation in +- affine_degrees)"),
+    ("aug.affine_degrees=-1", "aug.affine_degrees=-1.0 must be in [0, 180] (rotation in +- affine_degrees)"),
+    ("aug.affine_scale=1", "aug.affine_scale=1.0 must be in [0, 1) (scale 1 +- affine_scale)"),
+    ("aug.affine_translate=1.5", "aug.affine_translate=1.5 must be in [0, 1] (shift in +- affine_translate sides)"),
+    ("aug.intensity_scale=1", "aug.intensity_scale=1.0 must be in [0, 1) (contrast 1 +- intensity_scale)"),
+    ("aug.intensity_shift=-0.1", "aug.intensity_shift=-0.1 must be in [0, 1] (brightness on the [-1, 1] scale)"),
+    ("aug.noise_std=-0.1", "aug.noise_std=-0.1 must be >= 0 (on the [-1, 1] scale)"),
+    ("optim.lr=-0.1", "optim.lr=-0.1 must be >= 0 (0 freezes the weights)"),
+    ("optim.weight_decay=-1", "optim.weight_decay=-1.0 must be >= 0"),
+    ("optim.momentum=1", "optim.momentum=1.0 must be in [0, 1)"),
+    ("optim.momentum=-0.1", "optim.momentum=-0.1 must be in [0, 1)"),
+    (
+        "optim.nesterov=true",
+        "optim.nesterov=true with optim.name=adam, optim.momentum=0.9: Nesterov needs optim=sgd with "
+        "optim.momentum > 0; or use optim.nesterov=false",
+    ),
+    (
+        "optim=sgd optim.momentum=0 optim.nesterov=true",
+        "optim.nesterov=true with optim.name=sgd, optim.momentum=0.0: Nesterov needs optim=sgd with "
+        "optim.momentum > 0; or use optim.nesterov=false",
+    ),
+    ("optim.betas=[1.5,0.999]", "optim.betas[0]=1.5 must be in [0, 1)"),
+    ("optim.betas=[0.9,nan]", "optim.betas[1]=nan must be in [0, 1)"),
+    ("optim.betas=[0.9]", "optim.betas=[0.9] must be 2 values: Adam's beta1 and beta2, e.g. [0.9,0.999]"),
+    (
+        "optim.betas=[0.9,0.99,0.999]",
+        "optim.betas=[0.9, 0.99, 0.999] must be 2 values: Adam's beta1 and beta2, e.g. [0.9,0.999]",
+    ),
+    ("sched.gamma=-1", "sched.gamma=-1.0 must be in (0, 1] (the factor at each milestone)"),
+    ("sched.gamma=0", "sched.gamma=0.0 must be in (0, 1] (the factor at each milestone)"),
+    ("sched.gamma=1.5", "sched.gamma=1.5 must be in (0, 1] (the factor at each milestone)"),
+    ("sched.milestones=[0.5,1.0]", "sched.milestones[1]=1.0 must be in (0, 1) (a fraction of the epochs)"),
+    ("sched.milestones=[0,0.5]", "sched.milestones[0]=0.0 must be in (0, 1) (a fraction of the epochs)"),
+    ("sched.milestones=[inf]", "sched.milestones[0]=inf must be in (0, 1) (a fraction of the epochs)"),
+    ("sched.min_lr=-0.1", "sched.min_lr=-0.1 must be >= 0"),
+    (
+        "sched=cosine sched.min_lr=0.01",
+        "sched.min_lr=0.01 must be in [0, 0.001]: cosine's floor, at most optim.lr (its start)",
+    ),
+    ("sched.base_lr=0", "sched.base_lr=0.0 must be > 0"),
+    (
+        "sched=cyclic sched.base_lr=0.001",
+        "sched.base_lr=0.001 must be in (0, 0.001): the cycle's bottom, below optim.lr (its top)",
+    ),
+    (
+        "sched=cyclic optim.lr=0",
+        "sched.base_lr=0.0001 must be in (0, 0.0): the cycle's bottom, below optim.lr (its top)",
+    ),
+    ("sched.cycle_epochs=0", "sched.cycle_epochs=0.0 must be > 0"),
+    ("sched=cyclic warmup_epochs=1", CYCLIC_WARMUP),
+    ("parallel.nproc=0", "parallel.nproc=0 must be >= 1 or null"),
+    ("parallel.timeout_s=0", "parallel.timeout_s=0 must be >= 1"),
+    ("fault.kill_rank=-1", "fault.kill_rank=-1 must be >= 0 or null"),
+    ("fault.kill_step=0", "fault.kill_step=0 must be >= 1"),
+    ("fault.term_step=0", "fault.term_step=0 must be >= 1 or null"),
+    ("fault.oom_step=0", "fault.oom_step=0 must be >= 1 or null"),
+    ("fault.oom_min_batch=0", "fault.oom_min_batch=0 must be >= 1"),
+    ("mlflow.experiment=", "mlflow.experiment='' must be a non-blank string"),
+    ("mlflow.system_metrics_interval_s=0", "mlflow.system_metrics_interval_s=0.0 must be > 0"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD_VALUES, ids=[overrides for overrides, _ in BAD_VALUES])
+def test_values_outside_their_range_are_refused_naming_key_and_value(overrides, message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        OmegaConf.to_object(compose_config(*overrides.split(" ")))
+
+
 @pytest.mark.parametrize(
     "override,message",
     [
-        ("batch_size=0", "batch_size=0 must be >= 1"),
-        ("batch_size=four", "batch_size=four must be an integer >= 1, auto or derived"),
-        ("effective_batch_size=0", "effective_batch_size=0 must be >= 1 or null"),
-        ("accumulate=0", "accumulate=0 must be >= 1"),
-        ("data.size=32", "data.size=32 is not a MedMNIST 3D size: use data.size=28 or 64"),
-        ("limit_batches=0", "limit_batches=0 must be >= 1 or null"),
-        ("tags=[status]", "tags: status is a tag medsweep sets itself: choose another name"),
-        ("tags=[a.b]", "tags: 'a.b' is not a tag name: use letters, digits, _ and - (tags=[baseline,amp])"),
-        ("mlflow.system_metrics_interval_s=0", "mlflow.system_metrics_interval_s=0.0 must be > 0"),
-        ("ema_decay=1", "ema_decay=1.0 must be in (0, 1) or null (no EMA)"),
+        ("margin=-0.1", "margin=-0.1 must be in [0, 1] (an AUC difference)"),
+        ("margin=1.5", "margin=1.5 must be in [0, 1] (an AUC difference)"),
+        ("tags=[bad tag]", "tags: 'bad tag' is not a tag name: use letters, digits, _ and - (tags=[baseline,amp])"),
     ],
 )
-def test_cross_field_checks_name_the_value(override, message):
+def test_report_values_outside_their_range_are_refused(override, message):
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
-        OmegaConf.to_object(compose_config(override))
+        OmegaConf.to_object(compose_report(override))
+
+
+def float_keys(node: type, prefix: str = "") -> Iterator[str]:
+    """Every float (or optional float) key of the schema dataclass ``node``, nested ones followed."""
+    for name, hint in typing.get_type_hints(node).items():
+        if dataclasses.is_dataclass(hint):
+            yield from float_keys(hint, f"{prefix}{name}.")
+        elif hint in (float, Optional[float]):
+            yield f"{prefix}{name}"
+
+
+FLOAT_KEYS = [(compose_config, key) for key in float_keys(schema.Config)] + [
+    (compose_report, key) for key in float_keys(schema.ReportConfig)
+]
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+@pytest.mark.parametrize("compose_with,key", FLOAT_KEYS, ids=[key for _, key in FLOAT_KEYS])
+def test_every_float_key_refuses_nan_and_inf(compose_with, key, value):
+    """OmegaConf parses ``nan`` and ``inf`` as floats, and ``nan < 0`` is False: each range checks finiteness."""
+    with pytest.raises(ValueError, match=f"^{re.escape(f'{key}={value} must be ')}"):
+        OmegaConf.to_object(compose_with(f"{key}={value}"))
+
+
+BLANKABLE = [
+    (compose_config, "data.root", False),
+    (compose_config, "aug.name", False),
+    (compose_config, "mlflow.experiment", False),
+    (compose_config, "mlflow.tracking_uri", True),
+    (compose_config, "rerun", True),
+    (compose_config, "resume", True),
+    (compose_report, "mlflow.tracking_uri", True),
+    (compose_report, "mlflow.experiment", True),
+    (compose_report, "sweep", True),
+    (compose_report, "parent", True),
+    (compose_report, "out", True),
+    (compose_report, "register", True),
+]
+
+
+@pytest.mark.parametrize("compose_with,key,null", BLANKABLE, ids=[f"{c.__name__[8:]}-{key}" for c, key, _ in BLANKABLE])
+def test_names_paths_and_uris_refuse_a_blank_string(compose_with, key, null):
+    """Only spaces (an empty ``mlflow.experiment=`` is among BAD_VALUES)."""
+    message = f"{key}='  ' must be a non-blank string{' or null' if null else ''}"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        OmegaConf.to_object(compose_with(f"{key}='  '"))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        "optim.lr=0 sched=none",
+        "optim=sgd optim.momentum=0",
+        "optim=sgd optim.nesterov=true",
+        "optim.betas=[0,0]",
+        "sched.gamma=1 sched.milestones=[]",
+        "sched=cosine sched.min_lr=0.001",
+        "sched=cyclic sched.base_lr=0.0009",
+        "seed=4294967295",
+        "aug.affine_p=0 aug.affine_degrees=180 aug.affine_translate=1 aug.noise_std=0",
+        "data.url=file:///tmp/a.npz",
+        "data.url=https://zenodo.org/records/1/files/a.npz",
+        "data=synthetic data.task=multi-class data.num_classes=3",
+        "fault.kill_rank=0 fault.term_step=1 fault.oom_step=1",
+        "parallel.timeout_s=1 mem_budget_mb=0.5",
+    ],
+)
+def test_values_at_the_edges_of_their_ranges_pass(overrides):
+    OmegaConf.to_object(compose_config(*overrides.split(" ")))
+
+
+@pytest.mark.parametrize("margin", ["0", "1"])
+def test_report_margin_edges_pass(margin):
+    assert OmegaConf.to_object(compose_report(f"margin={margin}")).margin == float(margin)
+
+
+@pytest.mark.parametrize(
+    "override,line",
+    [
+        ("optim.lr=-0.1", "optim.lr=-0.1 must be >= 0 (0 freezes the weights)"),
+        (
+            "data.num_classes=???",
+            "data.num_classes: Structured config of type `DataConfig` has missing mandatory value: num_classes",
+        ),
+        (
+            "seed=${optim.lr}",
+            "seed: While dereferencing interpolation '${optim.lr}': "
+            "Value '0.001' of type 'float' could not be converted to Integer",
+        ),
+    ],
+)
+def test_commands_check_the_values_as_one_usage_error_line(override, line):
+    """The command wrapper's check before any command starts: ranges, missing values, OmegaConf's type errors."""
+    with pytest.raises(UsageError, match=f"^{re.escape(line)}$"):
+        check_values(compose_config(override))

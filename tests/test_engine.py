@@ -169,11 +169,6 @@ def test_warmup_scales_the_learning_rate_then_hands_over_to_the_schedule(shared_
     assert lrs == pytest.approx([0.001, 0.0055, 0.01, 0.01, 0.001, 0.001, 0.0001, 0.0001])  # multistep at 4, 6
 
 
-def test_warmup_with_a_per_step_schedule_is_refused(shared_data):
-    with pytest.raises(UsageError, match="warmup_epochs=1 with sched=cyclic.*use warmup_epochs=0"):
-        trainer_for("warmup_epochs=1", "sched=cyclic", data_root=shared_data)
-
-
 def test_early_stopping_stops_after_patience_epochs_without_a_better_val_auc(shared_data):
     trainer = trainer_for(
         "early_stop_patience=2", "epochs=10", "limit_batches=1", "batch_size=4", "optim.lr=0", data_root=shared_data

@@ -83,7 +83,7 @@ def candidates(cfg: Config, world: int, largest: int) -> list[int]:
 def probe_peak_mb(cfg: Config, device: torch.device, batch_size: int) -> float:
     """Measured peak of real training steps at ``batch_size`` (the run's model, data and precision): two, since the
     optimizer's state (Adam: 2x the parameters) exists only from the first step's end, in the second's peak."""
-    probe = dataclasses.replace(cfg, batch_size=batch_size, accumulate=1, limit_batches=2, epochs=1)
+    probe = dataclasses.replace(cfg, batch_size=batch_size, accumulate=1, limit_batches=2, epochs=1, warmup_epochs=0)
     trainer = build_trainer(probe, device, splits={"train": load_splits(cfg.data)["train"]})
     trainer.memory.start()
     peak = trainer.train_epoch(0)["mem/peak_mb"]

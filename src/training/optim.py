@@ -9,7 +9,6 @@ from typing import Callable, Iterable
 import torch
 
 from src.config import OptimConfig, OptimName, SchedConfig, SchedName
-from src.errors import UsageError
 
 
 @dataclass
@@ -47,15 +46,10 @@ def build_scheduler(
 ) -> tuple[torch.optim.lr_scheduler.LRScheduler | None, bool]:
     """The schedule and whether it steps per optimizer step (cyclic) rather than per epoch. ``warmup_epochs``
     multiplies the learning rate by a factor rising linearly from 0.1 to 1 over those epochs (per-epoch
-    schedules only)."""
+    schedules only: the schema refuses it with ``sched=cyclic``)."""
     scheduler, per_step = epoch_schedule(cfg, optimizer, epochs, steps_per_epoch)
     if not warmup_epochs:
         return scheduler, per_step
-    if per_step:
-        raise UsageError(
-            f"warmup_epochs={warmup_epochs} with sched={cfg.name.value}, which steps per optimizer "
-            f"step: use warmup_epochs=0 or a per-epoch schedule"
-        )
     warmup = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.1, total_iters=warmup_epochs)
     return torch.optim.lr_scheduler.ChainedScheduler([warmup, *([scheduler] if scheduler else [])]), False
 

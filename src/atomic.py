@@ -3,16 +3,30 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import time
 from pathlib import Path
 from typing import Iterator
 
+from src.errors import UsageError
+
+FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class NoSpace(UsageError):
+    """A write failed for want of space (or quota) on its disk."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(f"no space left on {path.parent} (writing {path.name})")
+        self.path = path
+
 
 @contextlib.contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
     """A temporary path beside ``path`` to write to; when the block ends without an error it is fsynced and renamed
-    over ``path`` (and the folder fsynced), otherwise removed. A crash leaves the old file or the new one."""
+    over ``path`` (and the folder fsynced), otherwise removed. A crash leaves the old file or the new one; a full disk
+    raises :class:`NoSpace`, the old file kept."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.time_ns()}.tmp")
     try:
@@ -25,5 +39,14 @@ def atomic_path(path: Path) -> Iterator[Path]:
             os.fsync(folder)
         finally:
             os.close(folder)
+    except OSError as err:
+        if err.errno in FULL:
+            raise NoSpace(path) from err
+        raise
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def is_temporary(path: Path) -> bool:
+    """Whether ``path`` is an :func:`atomic_path` write in progress (another process's, maybe)."""
+    return path.name.startswith(".") and path.name.endswith(".tmp")

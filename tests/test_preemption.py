@@ -72,15 +72,14 @@ def test_sigterm_in_a_local_sweep_leaves_the_parent_killed(tmp_path, store, shar
     assert parent.info.status == "KILLED"
 
 
-def test_a_sweep_whose_job_fails_before_its_run_leaves_the_parent_failed(tmp_path, store, shared_data):
-    """A job that fails with no run of its own (its data file is missing) marks the parent FAILED; the close
-    keeps it, though no child run failed."""
+def test_a_sweep_whose_data_is_missing_fails_in_one_line_before_any_run(tmp_path, store, shared_data):
+    """Every job's data is checked before the first job starts: no parent run, no job run."""
     args = [a for a in small_run(tmp_path, store, shared_data) if not a.startswith("data=")]
-    result = run_cli("-m", "data=organmnist3d,adrenalmnist3d", *args)
+    result = run_cli("-m", "data=adrenalmnist3d,organmnist3d", *args)
     assert result.returncode == 2
-    assert "organmnist3d.npz not found and data.download=false" in result.stderr.strip().splitlines()[-1]
-    parent, children = sweep_runs(store)
-    assert children == [] and parent.info.status == "FAILED"
+    assert result.stderr.strip().splitlines()[-1].startswith("error: job 1 (data=organmnist3d): ")
+    assert "organmnist3d.npz not found" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "mlflow.db").exists()  # no store created, so no run
 
 
 # -- DDP: SIGTERM mid-epoch, then resume -------------------------------------------------------------------

@@ -73,6 +73,20 @@ def test_non_result_keys_replace_the_logged_ones(tmp_path, store):
     client.log_artifacts(run_id, str(tmp_path / ".hydra"), ".hydra")
 
     overrides = [f"rerun={run_id}", "data.root=/new"]
-    rebuilt = rerun_config(compose_config(*overrides, f"mlflow.tracking_uri={store}"), overrides, client)
+    rebuilt, _ = rerun_config(compose_config(*overrides, f"mlflow.tracking_uri={store}"), overrides, client)
     assert (rebuilt.model.name, rebuilt.seed, rebuilt.data.root) == ("resnet10", 4, "/new")
     assert (rebuilt.mlflow.tracking_uri, rebuilt.mlflow.experiment, rebuilt.rerun) == (store, "old", None)
+
+
+def test_a_rerun_takes_the_name_of_the_run_and_the_threads_it_trained_with(tmp_path, store):
+    """A config that left the thread count to the machine (``num_threads=null``) reruns with the count the run
+    logged (its ``num_threads`` tag): results depend on it."""
+    client = ensure_store(store)
+    (tmp_path / ".hydra").mkdir()
+    OmegaConf.save(compose_config("model=resnet10"), tmp_path / ".hydra" / "config.yaml")
+    tags = {"num_threads": "3", "mlflow.runName": "model=resnet10 seed=0"}
+    run_id = client.create_run(experiment_id(client, "medsweep"), tags=tags).info.run_id
+    client.log_artifacts(run_id, str(tmp_path / ".hydra"), ".hydra")
+    overrides = [f"rerun={run_id}"]
+    rebuilt, name = rerun_config(compose_config(*overrides, f"mlflow.tracking_uri={store}"), overrides, client)
+    assert (rebuilt.num_threads, name) == (3, "model=resnet10 seed=0")

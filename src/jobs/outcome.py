@@ -1,33 +1,49 @@
-"""How a job ends: skipped (a FINISHED run has its config), out of memory (its run FAILED with ``status=oom``,
-maybe retried at half the micro-batch), preempted (its run KILLED and resumable), or FINISHED (its artifacts
-logged, its checkpoint deleted unless ``checkpoint.keep=always``)."""
+"""How a job ends: skipped (a FINISHED run has its config, or a live process trains it), stopped before its run
+(a stop signal during start-up), out of memory (its run FAILED with ``status=oom``, maybe retried at half the
+micro-batch), diverged (FAILED, ``status=diverged``), out of disk space (FAILED, ``status=no_space``, resumable),
+preempted (its run KILLED and resumable), or FINISHED (its artifacts logged, its checkpoint deleted unless
+``checkpoint.keep=always``)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import signal
+import sqlite3
 from pathlib import Path
 from typing import Iterator, NoReturn
 
 import mlflow
+from mlflow.exceptions import MlflowException
+from requests.exceptions import RequestException
+from sqlalchemy.exc import SQLAlchemyError
 
+from src.atomic import NoSpace, is_temporary
 from src.config import CheckpointKeep, Config
 from src.errors import UsageError
+from src.folders import LOCK_FILE
 from src.jobs.plan import Plan
-from src.parallel.preemption import EXIT_PREEMPTED, Preempted, PreemptedExit, Preemption
+from src.parallel.preemption import Preempted, PreemptedExit, Preemption
 from src.perf.memory import predict
 from src.tracking.identity import code_fingerprint
 from src.tracking.runs import RunLogger
-from src.tracking.store import best_metric
+from src.tracking.store import best_metric, reason
 from src.tracking.sweep import SKIPPED_TAG, job_parent_id
 from src.training import checkpoint
+from src.training.trainer import Diverged
 
 log = logging.getLogger(__name__)
 
+STORE_ERRORS = (MlflowException, SQLAlchemyError, RequestException, sqlite3.Error)  # what a failing store raises
+
 
 def skip(plan: Plan) -> float:
-    """Train nothing: log why, list the job on the sweep's parent run, return the finished run's objective."""
+    """Train nothing: log why, list the job on the sweep's parent run, return the finished run's objective (NaN for
+    a run a live process trains: :func:`src.jobs.resume.resumable` logged it)."""
+    if plan.busy:
+        return float("nan")
     done = plan.finished
     same = "config" if plan.cfg.skip_finished == "config" else f"config and code_fingerprint {code_fingerprint()}"
     log.info("skipping %s: run %s FINISHED with the same %s", plan.run_name, done.info.run_id, same)
@@ -60,13 +76,63 @@ def read_oom(output_dir: Path) -> dict[str, float] | None:
     return {"mem/peak_mb": max(peaks)}
 
 
+def stop_before_run(preemption: Preemption) -> None:
+    """A stop signal that came during start-up ends the job before its run is created: nothing to resume."""
+    if preemption.requested:
+        log.warning(
+            "stopped (%s) before its run was created: nothing to resume", signal.Signals(preemption.signum).name
+        )
+        raise PreemptedExit(preemption.exit_code)
+
+
 def failed(run: RunLogger, cfg: Config, plan: Plan, error: BaseException) -> bool:
-    """Close the run of a failed attempt. Out of memory: FAILED, tagged ``status=oom`` and whether it is retried;
-    True to retry (``oom_retry``), False in a sweep (it goes on), a :class:`UsageError` for a single run. Any other
-    error: FAILED (KILLED on Ctrl-C), and raised again."""
+    """Close the run of a failed attempt, FAILED (KILLED and resumable on a second Ctrl-C, exit 130). Out of
+    memory: tagged ``status=oom`` and whether it is retried; True to retry (``oom_retry``). Out of memory without a
+    retry, or diverged (``status=diverged``): False in a sweep (it goes on), a :class:`UsageError` for a single run.
+    Out of disk space (``status=no_space``, resumable): a :class:`UsageError` with the resume command. A failing
+    MLflow store (the error, or what closing the run met) is a :class:`UsageError` naming the run to resume. Any
+    other error is raised again."""
+    try:
+        return closed_failed(run, cfg, plan, error)
+    except STORE_ERRORS as broken:
+        raise UsageError(
+            f"the MLflow store {plan.tracking_uri} failed ({store_failure(broken)}) with run {run.run_id}, which may "
+            f"stay RUNNING; its last checkpoint is kept: fix the store, then resume it: python -m src.train "
+            f"resume={run.run_id} (or the same command again)"
+        ) from None
+
+
+def store_failure(error: BaseException) -> str:
+    """What a store error says, in a few words: a full disk as such."""
+    text = reason(error)
+    full = any(sign in text for sign in ("database or disk is full", "no space left"))
+    return "no space left on its disk" if full else text[:200]
+
+
+def closed_failed(run: RunLogger, cfg: Config, plan: Plan, error: BaseException) -> bool:
     oom = read_oom(plan.output_dir)
+    if isinstance(error, STORE_ERRORS):
+        with contextlib.suppress(*STORE_ERRORS):
+            run.finish("FAILED")
+        raise error
+    if isinstance(error, KeyboardInterrupt):  # a second Ctrl-C: no step checkpoint, the last epoch's is kept
+        run.set_tags({"resume_with": f"resume={run.run_id}"})
+        run.finish("KILLED")
+        log.warning("stopped at once: run %s is KILLED; resume=%s goes on from its last epoch", run.run_id, run.run_id)
+        raise PreemptedExit(128 + signal.SIGINT) from None
+    if isinstance(error, NoSpace):
+        run.set_tags({"status": "no_space", "resume_with": f"resume={run.run_id}"})
+        run.finish("FAILED")
+        raise UsageError(
+            f"{error}: run {run.run_id} FAILED, its last checkpoint kept: free space, then resume it: "
+            f"python -m src.train resume={run.run_id}"
+        ) from None
+    if isinstance(error, Diverged):
+        run.set_tags({"status": "diverged"})
+        run.finish("FAILED")
+        return gone_on(plan, run, f"training diverged: {error}", "lower optim.lr, set grad_clip, or amp=false")
     if oom is None:
-        run.finish("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+        run.finish("FAILED")
         raise error
     retry = cfg.oom_retry and cfg.batch_size > 1
     run.set_tags({"status": "oom", "retried": str(retry).lower()})
@@ -75,26 +141,34 @@ def failed(run: RunLogger, cfg: Config, plan: Plan, error: BaseException) -> boo
     message = f"out of memory at batch_size={cfg.batch_size} (peak {oom['mem/peak_mb']:.0f} MiB)"
     if retry:
         log.warning("%s: retrying with batch_size=%d accumulate=%d", message, cfg.batch_size // 2, cfg.accumulate * 2)
-    elif plan.multirun:
-        log.error("%s: run %s FAILED (status=oom); the sweep goes on", message, run.run_id)
-    else:
-        raise UsageError(f"{message}: lower batch_size, or set oom_retry=true") from None
-    return retry
+        return True
+    return gone_on(plan, run, message, "lower batch_size, or set oom_retry=true")
+
+
+def gone_on(plan: Plan, run: RunLogger, message: str, fix: str) -> bool:
+    """A sweep goes on after a job whose config cannot train (False); a single run stops with one line."""
+    if not plan.multirun:
+        raise UsageError(f"{message} (run {run.run_id} FAILED): {fix}") from None
+    log.error("%s: run %s FAILED; the sweep goes on", message, run.run_id)
+    return False
 
 
 def stop_preempted(run: RunLogger, stop: Preempted, preemption: Preemption) -> NoReturn:
-    """A stop signal was honoured and the checkpoint written: the run ends KILLED, tagged resumable; a signal
-    submitit sent goes back to submitit (it requeues the job, which resumes by itself); else exit 143."""
+    """A stop signal was honoured and the checkpoint written: the run ends KILLED, tagged resumable; submitit's requeue
+    signal goes back to submitit (it requeues the job, which resumes by itself); else exit 128 + the signal."""
     run.set_tags({"preempted": "true", "resume_with": f"resume={run.run_id}"})
     run.finish("KILLED")
     log.warning(
-        "preempted (%s): run %s is KILLED and resumable: python -m src.train resume=%s", stop, run.run_id, run.run_id
+        "preempted (%s): run %s is KILLED and resumable: python -m src.train resume=%s (or the same command again)",
+        stop,
+        run.run_id,
+        run.run_id,
     )
     try:
         preemption.hand_over()
     except SystemExit as handed:  # submitit requeued the job; its exit code tells its controller so
         raise PreemptedExit(handed.code) from None
-    raise PreemptedExit(EXIT_PREEMPTED)
+    raise PreemptedExit(preemption.exit_code)
 
 
 def log_outputs(run: RunLogger, output_dir: Path, job_dir: Path) -> None:
@@ -102,6 +176,8 @@ def log_outputs(run: RunLogger, output_dir: Path, job_dir: Path) -> None:
     (``checkpoint.pt``, ``best.pt``: copies of them would double their bytes on a local artifact store); a
     resuming job's own folder (its config and log) under ``resumes/<folder name>``."""
     for path in sorted(output_dir.iterdir()):
+        if path.name == LOCK_FILE or is_temporary(path):
+            continue
         if path.is_dir():
             run.log_artifacts(path, path.name)
         elif path.name not in (checkpoint.FILE, checkpoint.BEST_FILE):
@@ -110,13 +186,18 @@ def log_outputs(run: RunLogger, output_dir: Path, job_dir: Path) -> None:
         run.log_artifacts(job_dir, f"resumes/{job_dir.name}")
 
 
-def finish(run: RunLogger, output_dir: Path, keep: CheckpointKeep) -> None:
+def finish(run: RunLogger, output_dir: Path, keep: CheckpointKeep, preemption: Preemption) -> None:
     """Close the run FINISHED, its tag ``best_weights`` naming its ``best.pt``, then delete its ``checkpoint.pt``
     unless ``keep`` is ``always``. Closed first: a stop in between leaves a FINISHED run's checkpoint (which
-    nothing resumes), never an unfinished run without one."""
+    nothing resumes), never an unfinished run without one. A stop signal that came after the training loop let the
+    test end first."""
     best = output_dir / checkpoint.BEST_FILE
     run.set_tags({"best_weights": str(best.resolve())})
     run.finish("FINISHED")
+    if preemption.requested:
+        log.warning(
+            "%s came after training: run %s finished its test first", signal.Signals(preemption.signum).name, run.run_id
+        )
     if keep is CheckpointKeep.always:
         return
     (output_dir / checkpoint.FILE).unlink(missing_ok=True)

@@ -1,7 +1,8 @@
-"""What a job will do, decided before any work starts: go on with a run (``resume=``, or a requeued job's own
-checkpoint), train a logged run's config again (``rerun=``), skip a config that already has a FINISHED run
-(``skip_finished``; by default one trained by this code), or train; the config validated against this machine. One
-frozen :class:`Plan`."""
+"""What a job will do, decided before any work starts: go on with a run (``resume=``, a requeued job's own
+checkpoint, or the unfinished run of this config and code that left one), train a logged run's config again
+(``rerun=``), skip a config that already has a FINISHED run (``skip_finished``; by default one trained by this code)
+or whose unfinished run a live process trains, or train; the config validated against this machine. One frozen
+:class:`Plan`."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from src.jobs.rerun import rerun_config
 from src.perf.autobatch import derived_batch, fit_batch, predicted_batch
 from src.resolve import validate
 from src.tracking.identity import code_fingerprint, config_hash, flatten, run_name
-from src.tracking.store import ensure_store, finished_run, tracking_uri
+from src.tracking.store import ensure_store, finished_run, store_exists, tracking_uri
 from src.training import checkpoint
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ class Plan:
     params: dict[str, str]  # the flattened config: the run's params, and what its config_hash is taken of
     stored: dict[str, Any]  # the resolved config, saved with each checkpoint
     overrides: list[str]
+    run_name: str  # the overrides that change results; a rerun's: the name of the run it repeats
     job_dir: Path  # this job's Hydra folder
     output_dir: Path  # where the run's files go: the resumed run's folder, else the job's
     log_file: Path
@@ -43,14 +45,11 @@ class Plan:
     resume: resumption.Resume | None = None
     rerun_of: str | None = None
     finished: mlflow.entities.Run | None = None  # skip_finished found this run: train nothing
+    busy: str | None = None  # a live process trains an unfinished run of this config (its id): train nothing
 
     @property
     def config_hash(self) -> str:
         return config_hash(self.params)
-
-    @property
-    def run_name(self) -> str:
-        return run_name(self.overrides, self.config_hash)
 
     @property
     def tracking_uri(self) -> str:
@@ -67,33 +66,46 @@ class Plan:
         }
 
 
-def plan_job(cfg: DictConfig, hydra_cfg: DictConfig) -> Plan:
-    """Raises :class:`UsageError` for anything that cannot work, before any work starts."""
+def plan_job(cfg: DictConfig, hydra_cfg: DictConfig, follower: bool = False) -> Plan:
+    """Raises :class:`UsageError` for anything that cannot work, before any work starts; writes nothing. A
+    ``follower`` (a torchrun / SLURM rank > 0) takes the run to go on with from rank 0, not from the store."""
     job_dir = Path(hydra_cfg.runtime.output_dir)
     overrides = list(hydra_cfg.overrides.task)
+    asked = cfg.resume  # resume=<run> (the run's config, below, says null)
     cfg, resume = resume_point(cfg, job_dir, overrides)
-    if rerun_of := cfg.rerun:
-        cfg = rerun_config(cfg, overrides, ensure_store(tracking_uri(cfg)))
-        save_job_config(cfg, job_dir)  # the artifact says what this run trained
+    rerun_of, name = cfg.rerun, None
+    if rerun_of:
+        cfg, name = rerun_config(cfg, overrides, ensure_store(tracking_uri(cfg)))
     typed, device = validate(cfg)
     params = flatten(cfg)
-    finished = (
-        skipped_for(typed, config_hash(params), overrides) if typed.skip_finished and not (rerun_of or resume) else None
-    )
+    hashed = config_hash(params)
+    finished, busy = None, None
+    if typed.skip_finished and not rerun_of:
+        finished = skipped_for(typed, hashed, overrides)
+        if finished and asked:
+            raise UsageError(
+                f"resume={asked}: run {finished.info.run_id} already FINISHED with this config, so resuming run "
+                f"{resume.run_id} would train it twice: rerun={finished.info.run_id} trains it again, or "
+                f"skip_finished=false resumes anyway"
+            )
+        if not (finished or resume or follower) and store_exists(tracking_uri(typed)):
+            resume, busy = resumption.resumable(ensure_store(tracking_uri(typed)), typed, hashed)
     return Plan(
-        typed,
-        device,
-        params,
-        OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
-        overrides,
-        job_dir,
-        resume.folder if resume else job_dir,
-        job_dir / f"{hydra_cfg.job.name}.log",
-        hydra_cfg.mode.name == "MULTIRUN",
-        OmegaConf.select(hydra_cfg, "job.num", default=0),
-        resume,
-        rerun_of,
-        finished,
+        cfg=typed,
+        device=device,
+        params=params,
+        stored=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+        overrides=overrides,
+        run_name=name or run_name(overrides, hashed),
+        job_dir=job_dir,
+        output_dir=resume.folder if resume else job_dir,
+        log_file=job_dir / f"{hydra_cfg.job.name}.log",
+        multirun=hydra_cfg.mode.name == "MULTIRUN",
+        job_num=OmegaConf.select(hydra_cfg, "job.num", default=0),
+        resume=resume,
+        rerun_of=rerun_of,
+        finished=finished,
+        busy=busy,
     )
 
 
@@ -125,14 +137,13 @@ def resume_point(cfg: DictConfig, job_dir: Path, overrides: list[str]) -> tuple[
     client = ensure_store(tracking_uri(cfg))
     if not cfg.resume:
         return cfg, resumption.requeued(cfg, job_dir, client)
-    cfg, resume = resumption.explicit(cfg, overrides, client)
-    save_job_config(cfg, job_dir)  # the artifact says what this run trains
-    return cfg, resume
+    return resumption.explicit(cfg, overrides, client)
 
 
-def save_job_config(cfg: DictConfig, job_dir: Path) -> None:
+def save_job_config(stored: dict[str, Any], job_dir: Path) -> None:
+    """The config a job trains (a rerun's or a resumed run's), where its ``.hydra/config.yaml`` artifact says."""
     if (hydra_dir := job_dir / ".hydra").is_dir():
-        OmegaConf.save(cfg, hydra_dir / "config.yaml")
+        OmegaConf.save(OmegaConf.create(stored), hydra_dir / "config.yaml")
 
 
 def sized(plan: Plan, world: int, probe: bool = True) -> tuple[Config, dict[str, str]]:

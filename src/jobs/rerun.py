@@ -1,9 +1,10 @@
 """``rerun=<MLflow run id>``: train a logged run's exact config again.
 
 The config comes from the run's ``.hydra/config.yaml`` artifact (the job's resolved config), not from
-composing today's ``conf/`` again. Next to ``rerun=`` only keys that do not change results may be given
-(where it logs or finds data); the new run logs to the store the run was found in, and to its
-experiment unless ``mlflow.experiment`` is given.
+composing today's ``conf/`` again, with the thread count the run trained with when its config left it to the machine.
+Next to ``rerun=`` only keys that do not change results may be given (where it logs or finds data); the new run logs
+to the store the run was found in, and to its experiment unless ``mlflow.experiment`` is given, under the name of the
+run it repeats.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import mlflow
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from mlflow.exceptions import MlflowException
+from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -37,10 +39,10 @@ def with_command_line(stored: DictConfig, cfg: DictConfig, keys: list[str]) -> D
     return stored
 
 
-def logged_config(client: mlflow.MlflowClient, run_id: str) -> DictConfig:
-    """The run's ``.hydra/config.yaml``, typed by the schema."""
+def logged_config(client: mlflow.MlflowClient, run_id: str) -> tuple[DictConfig, mlflow.entities.Run]:
+    """The run's ``.hydra/config.yaml``, typed by the schema, and the run."""
     try:
-        client.get_run(run_id)
+        run = client.get_run(run_id)
     except MlflowException:
         raise UsageError(
             f"rerun={run_id} is not a run in {client.tracking_uri}: give a run id from that store "
@@ -55,7 +57,7 @@ def logged_config(client: mlflow.MlflowClient, run_id: str) -> DictConfig:
             ) from None
         logged = OmegaConf.load(Path(path))
     try:
-        return OmegaConf.merge(OmegaConf.structured(Config), logged)
+        return OmegaConf.merge(OmegaConf.structured(Config), logged), run
     except OmegaConfBaseException as err:
         raise UsageError(
             f"rerun={run_id}: its logged config does not fit today's schema "
@@ -63,8 +65,9 @@ def logged_config(client: mlflow.MlflowClient, run_id: str) -> DictConfig:
         ) from None
 
 
-def rerun_config(cfg: DictConfig, overrides: list[str], client: mlflow.MlflowClient) -> DictConfig:
-    """The config of run ``cfg.rerun``, with the command line's non-result keys and the store it was found in."""
+def rerun_config(cfg: DictConfig, overrides: list[str], client: mlflow.MlflowClient) -> tuple[DictConfig, str]:
+    """The config of run ``cfg.rerun``, with the command line's non-result keys, the store it was found in and the
+    thread count it trained with (its ``num_threads`` tag, where its config says null), and the run's name."""
     changed = changed_keys(overrides)
     fixed = [key for key in changed if not key.startswith(NOT_HASHED)]
     if fixed:
@@ -72,6 +75,9 @@ def rerun_config(cfg: DictConfig, overrides: list[str], client: mlflow.MlflowCli
             f"{fixed[0]} cannot change next to rerun={cfg.rerun}, which trains that run's config as it "
             f"was: drop {fixed[0]} (only {', '.join(k.rstrip('.') for k in NOT_HASHED)} may change)"
         )
-    rebuilt = with_command_line(logged_config(client, cfg.rerun), cfg, ["mlflow.tracking_uri", *changed])
+    logged, run = logged_config(client, cfg.rerun)
+    rebuilt = with_command_line(logged, cfg, ["mlflow.tracking_uri", *changed])
     rebuilt.rerun = None
-    return rebuilt
+    if rebuilt.num_threads is None and (threads := run.data.tags.get("num_threads")):
+        rebuilt.num_threads = int(threads)
+    return rebuilt, run.data.tags.get(MLFLOW_RUN_NAME, run.info.run_name)

@@ -1,4 +1,5 @@
-"""Which run to continue: ``resume=<run output folder | MLflow run id>``, or a requeued job's own checkpoint.
+"""Which run to continue: ``resume=<run output folder | MLflow run id>``, a requeued job's own checkpoint, or the
+unfinished run of the same config and code that a command run again finds.
 
 A resumed run keeps the config it was checkpointed with (stored in the checkpoint). Next to ``resume=``
 the command line may change only keys that do not change results (``mlflow.*``, ``data.root``, ...:
@@ -14,16 +15,23 @@ from typing import Any
 
 import mlflow
 from mlflow.exceptions import MlflowException
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from omegaconf import DictConfig, OmegaConf
 
 from src.config import Config
 from src.errors import UsageError
+from src.folders import in_use
 from src.jobs.rerun import changed_keys, with_command_line
-from src.tracking.identity import NOT_HASHED, flatten
+from src.tracking.identity import NOT_HASHED, code_fingerprint, flatten
 from src.tracking.runs import RunLogger
+from src.tracking.sweep import job_parent_id
 from src.training import checkpoint
 
 log = logging.getLogger(__name__)
+
+
+STATE_KEYS = ("run_id", "epoch", "step", "batch_size", "accumulate", "world", "config")
+NOT_RESUMED = ("oom", "diverged")  # status tags of FAILED runs that would fail the same way again
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,10 @@ class Resume:
 
     @classmethod
     def from_state(cls, state: dict[str, Any], folder: Path) -> "Resume":
+        if missing := sorted(set(STATE_KEYS) - state.keys()):
+            raise checkpoint.Unreadable(
+                f"{folder / checkpoint.FILE} is not a medsweep checkpoint (it lacks {', '.join(missing)})"
+            )
         return cls(
             state["run_id"],
             folder,
@@ -102,7 +114,11 @@ def explicit(cfg: DictConfig, overrides: list[str], client: mlflow.MlflowClient)
             f"resume={value}: no {checkpoint.FILE} in {folder} (the run stopped before its first "
             f"epoch ended, or is not a medsweep run folder): start the run again without resume"
         )
-    state = checkpoint.load(folder / checkpoint.FILE, mmap=True)
+    try:
+        state = checkpoint.load(folder / checkpoint.FILE, mmap=True)
+        resume = Resume.from_state(state, folder)
+    except checkpoint.Unreadable as err:
+        raise UsageError(f"resume={value}: {err}: the run cannot go on from it; start a new run") from None
     status = run_status(client, state["run_id"])
     if status is None:
         raise UsageError(
@@ -122,7 +138,7 @@ def explicit(cfg: DictConfig, overrides: list[str], client: mlflow.MlflowClient)
             f"checkpointed with (epochs too: it sets the LR schedule): drop these overrides, or start "
             f"a new run"
         )
-    return rebuilt, Resume.from_state(state, folder)
+    return rebuilt, resume
 
 
 def requeued(cfg: DictConfig, output_dir: Path, client: mlflow.MlflowClient) -> Resume | None:
@@ -131,7 +147,12 @@ def requeued(cfg: DictConfig, output_dir: Path, client: mlflow.MlflowClient) -> 
     path = output_dir / checkpoint.FILE
     if not path.is_file():
         return None
-    state = checkpoint.load(path, mmap=True)
+    try:
+        state = checkpoint.load(path, mmap=True)
+        resume = Resume.from_state(state, output_dir)
+    except checkpoint.Unreadable as err:
+        log.warning("%s: a run this job trains replaces it", err)
+        return None
     status = run_status(client, state["run_id"])
     changes = result_changes(stored_config(state), cfg)
     if status in (None, "FINISHED") or changes:
@@ -142,7 +163,6 @@ def requeued(cfg: DictConfig, output_dir: Path, client: mlflow.MlflowClient) -> 
         )
         log.warning("%s holds a checkpoint this job does not resume (%s): a run this job trains replaces it", path, why)
         return None
-    resume = Resume.from_state(state, output_dir)
     log.info(
         "resuming run %s from %s (epoch %d step %d): this job's folder holds its checkpoint (requeued job)",
         resume.run_id,
@@ -153,6 +173,66 @@ def requeued(cfg: DictConfig, output_dir: Path, client: mlflow.MlflowClient) -> 
     return resume
 
 
+def resumable(client: mlflow.MlflowClient, cfg: Config, hashed: str) -> tuple[Resume | None, str | None]:
+    """The latest unfinished run of this config (``config_hash`` tag ``hashed``) and this code that can go on: its
+    folder holds its checkpoint and no live process holds the folder. Else ``(None, <run id>)`` when a live process
+    trains such a run now, or ``(None, None)``. Each other unfinished run that left a checkpoint is named in a line,
+    with why it is not resumed."""
+    experiment = client.get_experiment_by_name(cfg.mlflow.experiment)
+    if experiment is None:
+        return None, None
+    unfinished = client.search_runs(
+        [experiment.experiment_id],
+        f"tags.config_hash = '{hashed}' and attributes.status != 'FINISHED'",
+        order_by=["attributes.start_time DESC"],
+    )
+    for run in unfinished:
+        folder = Path(run.data.tags.get("output_dir", ""))
+        if not run.data.tags.get("output_dir") or not (folder / checkpoint.FILE).is_file():
+            continue
+        if in_use(folder):
+            log.info(
+                "run %s of this config is training now (%s is in use): this job trains nothing", run.info.run_id, folder
+            )
+            return None, run.info.run_id
+        try:
+            resume = Resume.from_state(checkpoint.load(folder / checkpoint.FILE, mmap=True), folder)
+            why = not_resumed(run, resume)
+        except checkpoint.Unreadable as err:
+            resume, why = None, str(err)
+        if why is None:
+            log.info(
+                "resuming run %s (%s) of this config from %s (epoch %d step %d): skip_finished=false trains a new run",
+                run.info.run_id,
+                run.info.status,
+                folder / checkpoint.FILE,
+                resume.epoch + 1,
+                resume.step,
+            )
+            return resume, None
+        size = (folder / checkpoint.FILE).stat().st_size / 1e6
+        log.warning(
+            "run %s (%s) of this config left %s (%.0f MB), not resumed: %s; delete it when it is of no use",
+            run.info.run_id,
+            run.info.status,
+            folder / checkpoint.FILE,
+            size,
+            why,
+        )
+    return None, None
+
+
+def not_resumed(run: mlflow.entities.Run, resume: Resume) -> str | None:
+    """Why an unfinished run of this config does not go on from ``resume`` (its checkpoint), or None."""
+    if resume.run_id != run.info.run_id:
+        return f"the checkpoint is run {resume.run_id}'s"
+    if (status := run.data.tags.get("status")) in NOT_RESUMED:
+        return f"it ended status={status}, and would again"
+    if (logged := run.data.tags.get("code_fingerprint")) != code_fingerprint():
+        return f"other code trained it ({logged} -> {code_fingerprint()}); resume={run.info.run_id} goes on anyway"
+    return None
+
+
 def run_status(client: mlflow.MlflowClient, run_id: str) -> str | None:
     try:
         return client.get_run(run_id).info.status
@@ -161,12 +241,21 @@ def run_status(client: mlflow.MlflowClient, run_id: str) -> str | None:
 
 
 def reopen(client: mlflow.MlflowClient, resume: Resume) -> RunLogger:
-    """Set the run back to RUNNING and count the resume in its tags."""
+    """Set the run back to RUNNING, count the resume in its tags (a ``status`` tag of how it failed removed), and move
+    it under the parent run of the sweep that resumes it (its report covers the jobs it trained)."""
     run = RunLogger(client, resume.run_id)
-    resumes = int(client.get_run(resume.run_id).data.tags.get("resumes", "0")) + 1
+    tags = client.get_run(resume.run_id).data.tags
     client.update_run(resume.run_id, status="RUNNING")
+    if "status" in tags:  # how it failed before (no_space ...): no longer so
+        client.delete_tag(resume.run_id, "status")
+    parent = {MLFLOW_PARENT_RUN_ID: parent_id} if (parent_id := job_parent_id()) else {}
     run.set_tags(
-        {"preempted": "false", "resumes": str(resumes), "resumed_at": f"epoch {resume.epoch + 1} step {resume.step}"}
+        {
+            "preempted": "false",
+            "resumes": str(int(tags.get("resumes", "0")) + 1),
+            "resumed_at": f"epoch {resume.epoch + 1} step {resume.step}",
+            **parent,
+        }
     )
     return run
 

@@ -16,7 +16,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from src.parallel import dist
-from src.parallel.preemption import Preempted, Preemption
+from src.parallel.preemption import Preempted, Preemption, signals_blocked
 
 METRICS_FILE = "metrics.json"  # rank 0's final metrics, in the job's output folder
 
@@ -46,20 +46,22 @@ def spawn_ranks(entry: Callable[..., None], job: Any, world: int, preemption: Pr
 
     torch.multiprocessing watches them: when one dies the others are terminated and this raises. The
     process-wide start method is set too: a spawned child restores its parent's, and a joblib (loky)
-    worker's own, ``loky``, does not exist in a fresh interpreter. Ranks that stopped on a signal exit 0
-    without ``metrics.json``: this raises :class:`Preempted` then.
+    worker's own, ``loky``, does not exist in a fresh interpreter. The ranks start with the stop signals blocked
+    until each installs its own handler. Ranks that stopped on a signal exit 0 without ``metrics.json``: this raises
+    :class:`Preempted` then.
     """
     mp.set_start_method("spawn", force=True)
     metrics = Path(job.output_dir) / METRICS_FILE
     metrics.unlink(missing_ok=True)
     with visible_gpus(job.gpus), dist.rendezvous(job.cfg.parallel.timeout_s) as address:
-        ranks = mp.start_processes(
-            entry,
-            args=(dataclasses.replace(job, gpus=()), world, address),
-            nprocs=world,
-            start_method="spawn",
-            join=False,
-        )
+        with signals_blocked():  # a stop signal waits until a rank has its handler, rather than killing it
+            ranks = mp.start_processes(
+                entry,
+                args=(dataclasses.replace(job, gpus=()), world, address),
+                nprocs=world,
+                start_method="spawn",
+                join=False,
+            )
         preemption.forward_to(ranks.processes)
         while not ranks.join():
             pass

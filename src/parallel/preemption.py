@@ -1,4 +1,5 @@
-"""Stop requests by signal (SLURM preemption, ``kill``, submitit's requeue signal), acted on between steps."""
+"""Stop requests by signal (SIGTERM: SLURM preemption, ``kill``; SIGINT: Ctrl-C; submitit's requeue signal), acted on
+between steps, and the stop signals of a sweep's main process."""
 
 from __future__ import annotations
 
@@ -7,11 +8,19 @@ import logging
 import os
 import signal
 import threading
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
+
+import psutil
 
 log = logging.getLogger(__name__)
 
 EXIT_PREEMPTED = 128 + signal.SIGTERM  # 143, the shell's code for "terminated by SIGTERM"
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def exit_code(signum: int) -> int:
+    """The shell's code for a process ended by ``signum``: 143 for SIGTERM, 130 for SIGINT."""
+    return 128 + signum
 
 
 class Preempted(Exception):
@@ -19,23 +28,38 @@ class Preempted(Exception):
 
 
 class PreemptedExit(SystemExit):
-    """The job's exit after a preemption (checkpointed, resumable): ``EXIT_PREEMPTED``, or submitit's own code."""
+    """The job's exit after a preemption (checkpointed, resumable): ``exit_code(signal)``, or submitit's own code."""
+
+
+def requeue_signal() -> signal.Signals | None:
+    """submitit's preemption/timeout signal in a submitit job (``SUBMITIT_PREEMPT_SIGNAL``, USR2 by default)."""
+    if "SUBMITIT_EXECUTOR" not in os.environ:
+        return None
+    return signal.Signals["SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2")]
 
 
 def stop_signals() -> list[signal.Signals]:
-    """SIGTERM, and in a submitit job its preemption/timeout signal (``SUBMITIT_PREEMPT_SIGNAL``, USR2 by default)."""
-    signals = [signal.SIGTERM]
-    if "SUBMITIT_EXECUTOR" in os.environ:
-        signals.append(signal.Signals["SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2")])
-    return signals
+    return [*STOP_SIGNALS, *filter(None, [requeue_signal()])]
+
+
+@contextlib.contextmanager
+def signals_blocked(signals: Sequence[int] = STOP_SIGNALS) -> Iterator[None]:
+    """Block ``signals`` in this thread for the block: processes started inside inherit them blocked (pending until
+    they install their own handlers), not killed by them."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 class Preemption:
-    """While installed, a stop signal only records itself (and is forwarded to child processes).
+    """While installed, a stop signal only records itself and is passed on, as SIGTERM, to child processes; a second
+    Ctrl-C raises :class:`KeyboardInterrupt` at once.
 
-    The training loop checks :attr:`requested` at optimizer-step boundaries (a Python attribute, no
-    device sync), checkpoints and raises :class:`Preempted`. :meth:`hand_over` then calls the handler the
-    signal had before: under submitit that is submitit's, which requeues the job and exits.
+    The training loop checks :attr:`requested` at optimizer-step boundaries (a Python attribute, no device sync),
+    checkpoints and raises :class:`Preempted`. :meth:`hand_over` then calls submitit's requeue handler when that was
+    the signal.
     """
 
     def __init__(self) -> None:
@@ -48,34 +72,98 @@ class Preemption:
         return self.signum is not None
 
     def _record(self, signum: int, frame: object) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt("a second Ctrl-C: stopping now")
         if self.signum is None:
-            log.warning("received %s: stopping at the next step boundary", signal.Signals(signum).name)
-        self.signum = signum
+            log.warning(
+                "received %s: stopping at the next step boundary (a second Ctrl-C stops at once)",
+                signal.Signals(signum).name,
+            )
+            self.signum = signum
         for child in self._children:
             if child.is_alive():
-                os.kill(child.pid, signum)
+                os.kill(child.pid, signal.SIGTERM)
 
     def forward_to(self, children: Sequence) -> None:
-        """Pass stop signals on to ``children`` (``multiprocessing.Process``es, e.g. spawned DDP ranks)."""
+        """Pass stop signals on to ``children`` (``multiprocessing.Process``es, e.g. spawned DDP ranks), one that came
+        while they started too."""
         self._children = children
+        if self.requested:
+            self._record(signal.SIGTERM, None)
 
     @contextlib.contextmanager
     def installed(self) -> Iterator["Preemption"]:
-        """Handle the stop signals in this block (only the main thread can; elsewhere they keep their handlers)."""
+        """Handle the stop signals in this block, unblocked (a sweep's main process blocks them between jobs, and its
+        workers inherit them blocked); only the main thread can, elsewhere they keep their handlers."""
         if threading.current_thread() is not threading.main_thread():
             log.warning("not in the main thread: SIGTERM is not turned into a checkpoint and a clean exit")
             yield self
             return
-        self._previous = {sig: signal.signal(sig, self._record) for sig in stop_signals()}
+        signals = stop_signals()
+        self._previous = {sig: signal.signal(sig, self._record) for sig in signals}
+        before = signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)  # a signal pending since it was blocked: now
         try:
             yield self
         finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
             for sig, handler in self._previous.items():
                 signal.signal(sig, handler)
             self._children = ()
 
     def hand_over(self) -> None:
-        """Call the handler the received signal had before :meth:`installed` (submitit's requeue), if any."""
+        """Call submitit's handler when its requeue signal stopped the job (it requeues the job and exits)."""
         previous = self._previous.get(self.signum)
-        if callable(previous):
+        if self.signum == requeue_signal() and callable(previous):
             previous(self.signum, None)
+
+    @property
+    def exit_code(self) -> int:
+        return exit_code(self.signum or signal.SIGTERM)
+
+
+class SignalWatcher:
+    """A sweep's main process: the stop signals are blocked in its threads, so every process its launcher starts
+    (joblib's workers, submitit's jobs) inherits them blocked and survives them until a job installs its
+    :class:`Preemption`. A thread of its own takes them (and a handler, should a native thread that does not block
+    them take one), calls ``on_stop(signum)`` once and passes SIGTERM on to the child processes (a second SIGINT
+    passes on as SIGINT: a second Ctrl-C)."""
+
+    def __init__(self, on_stop: Callable[[int], None]) -> None:
+        self.on_stop = on_stop
+        self.received: int | None = None
+        self._closing = False
+        self._restore = contextlib.ExitStack()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        for sig in STOP_SIGNALS:
+            self._restore.callback(signal.signal, sig, signal.signal(sig, lambda signum, frame: self._take(signum)))
+        self._restore.enter_context(signals_blocked())
+        self._thread = threading.Thread(target=self._wait, name="medsweep-stop-signals", daemon=True)
+        self._thread.start()
+
+    def _wait(self) -> None:
+        while not self._closing:
+            self._take(signal.sigwait(STOP_SIGNALS))
+
+    def _take(self, signum: int) -> None:
+        if self._closing:
+            return
+        again = self.received is not None
+        if not again:
+            self.received = signum
+            self.on_stop(signum)
+        forwarded = signal.SIGINT if again and signum == signal.SIGINT else signal.SIGTERM
+        for child in psutil.Process().children():
+            with contextlib.suppress(psutil.Error):
+                child.send_signal(forwarded)
+
+    def close(self) -> None:
+        """End the watching thread; the signals' mask and handlers as they were."""
+        if self._thread is None:
+            return
+        self._closing = True
+        signal.pthread_kill(self._thread.ident, signal.SIGTERM)
+        self._thread.join()
+        self._thread = None
+        self._restore.close()

@@ -1,26 +1,21 @@
-"""A sweep's parent run: opened by a Hydra callback, found by its jobs through a file in the sweep folder."""
+"""A sweep's parent run: opened by the sweep's main process (:class:`src.jobs.sweep.Sweep`), found by its jobs
+through a file in the sweep folder, closed with a status from its jobs' runs."""
 
 from __future__ import annotations
 
-import atexit
 import logging
-import sys
 from pathlib import Path
-from typing import Any
 
 import mlflow
 from hydra.core.hydra_config import HydraConfig
-from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from mlflow.entities import Run
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from omegaconf import DictConfig
 
-from src.errors import UsageError
-from src.schema_check import check_known_keys
 from src.tracking.identity import code_fingerprint, run_name
 from src.tracking.runs import RunLogger, environment_tags, user_tags
-from src.tracking.store import check_store, ensure_store, search_all, tracking_uri
+from src.tracking.store import search_all, tracking_uri
 from src.tracking.ui import log_links
 
 log = logging.getLogger(__name__)
@@ -64,61 +59,39 @@ def fail_parent_run(cfg: DictConfig) -> None:
         mlflow.MlflowClient(tracking_uri(cfg)).set_terminated(parent_id, "FAILED")
 
 
-class SweepParentRun(Callback):
-    """Hydra callback: one parent MLflow run per multirun, closed whatever happens to the jobs.
+def open_parent(config: DictConfig, client: mlflow.MlflowClient, sweep_dir: Path) -> RunLogger:
+    """The sweep's parent run, its id written to ``sweep_dir`` for the jobs to find."""
+    parent = RunLogger.start(
+        client,
+        config.mlflow.experiment,
+        run_name(config.hydra.overrides.task, prefix=f"sweep {sweep_dir.name}"),
+        params={},
+        tags={
+            "sweep_dir": str(sweep_dir.resolve()),
+            "overrides": " ".join(config.hydra.overrides.task),
+            "role": "sweep",
+            "code_fingerprint": code_fingerprint(),
+            **environment_tags(),
+            **user_tags(config.tags),
+        },
+    )
+    (sweep_dir / PARENT_ID_FILE).write_text(parent.run_id)
+    log.info("MLflow parent run %s (%s)", parent.run_id, client.tracking_uri)
+    return parent
 
-    Both ways it closes give it :func:`parent_status` of its jobs' runs: ``on_multirun_end``, and an
-    ``atexit`` hook for when a job raises or is preempted (Hydra skips ``on_multirun_end`` then). A job that
-    fails also marks it FAILED itself (its process may be a launcher's worker); the close keeps that.
-    """
 
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """The sweep's parent run, after its keys and store are checked; a dry run only checks (creating no run and
-        no store)."""
-        uri = tracking_uri(config)
-        try:
-            check_known_keys(config, config.hydra.overrides.task)
-            if config.dry_run:
-                check_store(uri)
-                return
-            client = ensure_store(uri)
-        except UsageError as err:
-            print(f"error: {err}", file=sys.stderr)
-            sys.exit(2)
-        sweep_dir = Path(config.hydra.sweep.dir)
-        overrides = " ".join(config.hydra.overrides.task)
-        self.parent = RunLogger.start(
-            client,
-            config.mlflow.experiment,
-            run_name(config.hydra.overrides.task, prefix=f"sweep {sweep_dir.name}"),
-            params={},
-            tags={
-                "sweep_dir": str(sweep_dir.resolve()),
-                "overrides": overrides,
-                "role": "sweep",
-                "code_fingerprint": code_fingerprint(),
-                **environment_tags(),
-                **user_tags(config.tags),
-            },
-        )
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        (sweep_dir / PARENT_ID_FILE).write_text(self.parent.run_id)
-        atexit.register(self._close)
-        log.info("MLflow parent run %s (%s)", self.parent.run_id, uri)
-
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if config.dry_run:
-            return
-        atexit.unregister(self._close)
-        self._close(complete=True)
-
-    def _close(self, complete: bool = False) -> None:
-        """Close with :func:`parent_status`; a sweep that did not reach its end (``atexit``) is not FINISHED."""
-        client, run_id = self.parent.client, self.parent.run_id
-        parent = client.get_run(run_id)
-        of_sweep = f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{run_id}'"
-        children = search_all(client, parent.info.experiment_id, of_sweep)
-        if parent.info.status != "FAILED":  # else a job marked it
-            status = parent_status(children)
-            self.parent.finish("FAILED" if status == "FINISHED" and not complete else status)
-        log_links(client.tracking_uri, parent.info.experiment_id, [run.info.run_id for run in children], of_sweep)
+def close_parent(parent: RunLogger, complete: bool, stopped: bool) -> None:
+    """Close with :func:`parent_status` of its jobs' runs, unless a job marked it FAILED; a sweep that did not reach
+    its end is not FINISHED, one a stop signal ended is KILLED (tagged ``preempted=true``). Logs the UI's links."""
+    client, run_id = parent.client, parent.run_id
+    run = client.get_run(run_id)
+    of_sweep = f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{run_id}'"
+    children = search_all(client, run.info.experiment_id, of_sweep)
+    if run.info.status != "FAILED":
+        status = parent_status(children)
+        if status == "FINISHED" and not complete:
+            status = "KILLED" if stopped else "FAILED"
+        if stopped and status == "KILLED":
+            parent.set_tags({"preempted": "true"})
+        parent.finish(status)
+    log_links(client.tracking_uri, run.info.experiment_id, [r.info.run_id for r in children], of_sweep)

@@ -8,7 +8,10 @@ end also leaves ``best.pt``: the tested weights alone, what stays of it once ``c
 
 from __future__ import annotations
 
+import io
+import pickle
 import random
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,7 @@ import numpy as np
 import torch
 
 from src.atomic import atomic_path
+from src.errors import UsageError
 
 FILE = "checkpoint.pt"
 BEST_FILE = "best.pt"
@@ -27,10 +31,39 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "_orig_mod", model)
 
 
+class Unreadable(UsageError):
+    """A checkpoint that does not load: truncated, corrupt, or no medsweep checkpoint."""
+
+
+class _Writer(io.RawIOBase):
+    """A file torch writes into, keeping the ``OSError`` a write raised: torch's writer reports only ``unexpected
+    pos``."""
+
+    def __init__(self, file: io.RawIOBase) -> None:
+        self.file, self.error = file, None
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+
 def save(state: dict[str, Any], path: Path) -> None:
-    """Write ``state`` atomically: a crash at any moment leaves the previous checkpoint or the new one."""
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
+    """Write ``state`` atomically: a crash at any moment leaves the previous checkpoint or the new one; a full disk
+    raises :class:`src.atomic.NoSpace`."""
+    with atomic_path(path) as tmp, tmp.open("wb", buffering=0) as file:
+        writer = _Writer(file)
+        try:
+            torch.save(state, writer)
+        except RuntimeError:
+            if writer.error is not None:
+                raise writer.error from None
+            raise
 
 
 def save_weights(state_dict: dict[str, torch.Tensor], path: Path) -> None:
@@ -46,9 +79,14 @@ def save_weights(state_dict: dict[str, torch.Tensor], path: Path) -> None:
 def load(path: Path, mmap: bool = False) -> dict[str, Any]:
     """The checkpoint at ``path`` on the CPU, tensors and plain Python values only (``weights_only=True``).
 
-    ``mmap=True`` maps the file instead of reading it: cheap when only the metadata is needed.
+    ``mmap=True`` maps the file instead of reading it: cheap when only the metadata is needed. A file that does not
+    load raises :class:`Unreadable`.
     """
-    return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except (RuntimeError, EOFError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
+        why = str(err).strip().splitlines()[0].split(". ")[0].rstrip(".")
+        raise Unreadable(f"{path} is unreadable (truncated or corrupt: {why})") from None
 
 
 def rng_state() -> dict[str, Any]:

@@ -33,6 +33,12 @@ from src.training.optim import Precision, build_optimizer, build_scheduler, clas
 
 log = logging.getLogger(__name__)
 
+MEMORY = ("mem/peak_mb", "mem/peak_reserved_mb")  # peaks: a resumed run logs the maximum of all its processes
+
+
+class Diverged(Exception):
+    """The training loss became NaN or infinite."""
+
 
 @dataclasses.dataclass
 class Hooks:
@@ -84,6 +90,7 @@ class Trainer:
         self.best_auc, self.best_state, self.best_epoch = -math.inf, None, 0  # best_epoch: epochs trained then
         self.test_predictions: tuple[np.ndarray, np.ndarray] | None = None  # labels and scores of the test split
         self.last_metrics: dict[str, float] | None = None  # the last finished epoch's
+        self.memory_peak: dict[str, float] = {}  # the run's peak memory before this epoch, over ranks and processes
         self.elapsed_s, self._start = 0.0, time.perf_counter()
         self.memory_format = torch.channels_last_3d if cfg.channels_last else torch.contiguous_format
         self.precision = Precision.build(cfg.amp, resolve_amp_dtype(cfg, device), device)
@@ -175,7 +182,10 @@ class Trainer:
             for hook in self.hooks.after_step:
                 hook(epoch * self.steps_per_epoch + step + 1)
             if (step + 1) % cfg.log_every == 0:  # the only host sync inside the epoch
-                bar.set_postfix(loss=f"{loss.item():.4f}")
+                value = loss.item()
+                if self.rank.world == 1:  # ranks agree on their mean loss at the epoch's end
+                    self._check_finite(value, epoch, step + 1)
+                bar.set_postfix(loss=f"{value:.4f}")
         if self.scheduler is not None and not self.sched_per_step:
             self.scheduler.step()
         self.step, self.running = 0, None
@@ -228,12 +238,19 @@ class Trainer:
             "perf/samples_per_s": sums["perf/samples_per_s"].item(),
             **{k: v.item() for k, v in maxima.items()},
         }
+        self._check_finite(metrics["train/loss"], self.epoch, self.steps_per_epoch)
+        self.memory_peak = {k: max(metrics[k], self.memory_peak.get(k, 0.0)) for k in MEMORY if k in metrics}
+        metrics.update(self.memory_peak)
         for extra in self.hooks.epoch_metrics:
             metrics.update(extra(metrics))
         if self.rank.world > 1:
             per_rank = gather(memory["mem/peak_mb"], self.device)
             metrics.update({f"mem/peak_mb/rank{k}": v for k, v in enumerate(per_rank)})
         return metrics
+
+    def _check_finite(self, loss: float, epoch: int, step: int) -> None:
+        if not math.isfinite(loss):
+            raise Diverged(f"train/loss is {loss} at epoch {epoch + 1} step {step}")
 
     @torch.no_grad()
     def predict(self, split: str) -> tuple[float, np.ndarray, np.ndarray]:
@@ -339,6 +356,7 @@ class Trainer:
             "best_state": self.best_state,
             "best_epoch": self.best_epoch,
             "last_metrics": self.last_metrics,
+            "memory_peak": {k: max(v, self.memory_peak.get(k, 0.0)) for k, v in self.memory.peak().items()},
             "elapsed_s": time.perf_counter() - self._start,
         }
 
@@ -356,4 +374,5 @@ class Trainer:
         self.best_auc, self.best_state = state["best_auc"], state["best_state"]
         self.best_epoch = state.get("best_epoch", self.epoch)  # checkpoints before early stopping lack it
         self.last_metrics = state["last_metrics"]
+        self.memory_peak = state.get("memory_peak", {})  # checkpoints before 2026-11-24 lack it
         self.elapsed_s = state["elapsed_s"]

@@ -1,0 +1,72 @@
+"""Folders that belong to one sweep or one run: claimed fresh by ``${fresh:...}`` (conf/config.yaml's default output
+folders), and held by an exclusive lock while a sweep or a job works in them."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import itertools
+import logging
+import os
+from pathlib import Path
+from typing import Iterator
+
+from src.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = ".medsweep.lock"  # holds the pid of the process holding it
+UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)  # file systems without flock (some Lustre mounts)
+
+
+def fresh(path: str) -> str:
+    """``path``, else ``path-2``, ``path-3``, ...: the first that did not exist, created now. ``mkdir`` is atomic, so
+    two sweeps started in the same second get two folders."""
+    base = Path(path)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):
+        candidate = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return str(candidate)
+
+
+@contextlib.contextmanager
+def held(folder: Path, what: str, fix: str) -> Iterator[None]:
+    """Hold ``folder`` (an exclusive ``flock`` on its lock file) for the block; a :class:`UsageError` naming the
+    holder's pid and ``fix`` when another process holds it. The lock ends with the process, however it ends."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / LOCK_FILE, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            raise UsageError(
+                f"{folder} is in use by another {what} (pid {handle.read().strip() or '?'}): {fix}"
+            ) from None
+        except OSError as err:
+            if err.errno not in UNSUPPORTED:
+                raise
+            log.warning("%s: this file system has no flock (%s): nothing keeps a second process out", folder, err)
+        handle.truncate(0)
+        handle.write(str(os.getpid()))
+        handle.flush()
+        yield
+
+
+def in_use(folder: Path) -> bool:
+    """Whether a live process holds ``folder`` (see :func:`held`)."""
+    try:
+        with open(folder / LOCK_FILE) as handle:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except FileNotFoundError:
+        return False
+    except BlockingIOError:
+        return True
+    except OSError as err:
+        if err.errno not in UNSUPPORTED:
+            raise
+    return False

@@ -1,0 +1,228 @@
+"""Interrupted and failed runs recover with nothing lost and nothing duplicated: a command run again resumes them,
+``resume=`` refuses a duplicate, a diverged loss, a full disk or store and a corrupt checkpoint end in one line
+(real stores, real processes, a real tmpfs where the case is a full disk)."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import pytest
+from hydra.types import RunMode
+from omegaconf import OmegaConf
+
+from src.errors import UsageError
+from src.folders import held
+from src.jobs import resume as resumption
+from src.jobs.plan import plan_job
+from src.tracking.identity import code_fingerprint, config_hash, flatten
+from src.tracking.store import ensure_store, experiment_id
+from src.training import checkpoint
+from tests.helpers import ROOT, compose_config, history, kill_group, run_cli, runs, small_run
+
+
+def one_error_line(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stdout + result.stderr, result.stderr[-3000:]
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    return line
+
+
+# -- a command run again goes on with its unfinished run ----------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_same_command_after_a_sigterm_resumes_the_run_and_keeps_its_peak_memory(tmp_path, store, shared_data):
+    args = small_run(tmp_path, store, shared_data, "epochs=3", "fault.term_step=4")  # epoch 2, step 1 of 3
+    assert run_cli(*args).returncode == 143
+    (stopped,) = runs(store)
+    state = checkpoint.load(tmp_path / "run" / checkpoint.FILE)
+    assert state["memory_peak"]["mem/peak_mb"] >= history(store, stopped.info.run_id)["mem/peak_mb"][0][1]
+
+    moved = [a if not a.startswith("hydra.run.dir=") else f"hydra.run.dir={tmp_path}/again" for a in args]
+    again = run_cli(*moved)  # the same config, another job folder
+    assert again.returncode == 0, again.stderr[-3000:]
+    (run,) = runs(store)  # the same run, not a second one
+    assert (run.info.run_id, run.info.status, run.data.tags["resumes"]) == (stopped.info.run_id, "FINISHED", "1")
+    assert "resuming run" in again.stdout + again.stderr
+    peaks = [value for _, value in history(store, run.info.run_id)["mem/peak_mb"]]
+    assert peaks == sorted(peaks) and peaks[-1] >= state["memory_peak"]["mem/peak_mb"]  # the run's, not the process's
+    assert not (tmp_path / "run" / checkpoint.FILE).exists()
+
+
+def hydra_job(folder: Path, overrides: list[str]):
+    """What ``plan_job`` reads of Hydra's job config."""
+    return OmegaConf.create(
+        {
+            "runtime": {"output_dir": str(folder)},
+            "overrides": {"task": overrides},
+            "job": {"name": "train", "num": 0},
+            "mode": RunMode.RUN,
+        }
+    )
+
+
+def unfinished_run(client, overrides: list[str], folder: Path, ending: str, **tags: str) -> str:
+    """A run of the config of ``overrides`` ended ``ending``, whose folder holds its checkpoint (metadata only)."""
+    cfg = compose_config(*overrides)
+    tags = {"config_hash": config_hash(flatten(cfg)), "code_fingerprint": code_fingerprint(), **tags}
+    run_id = client.create_run(experiment_id(client, "medsweep"), tags={"output_dir": str(folder), **tags}).info.run_id
+    client.set_terminated(run_id, ending)
+    stored = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    state = {"run_id": run_id, "epoch": 1, "step": 2, "batch_size": 4, "accumulate": 1, "world": 1, "config": stored}
+    checkpoint.save(state, folder / checkpoint.FILE)
+    return run_id
+
+
+def test_an_unfinished_run_of_the_same_config_and_code_is_resumed_others_are_named(tmp_path, store, caplog):
+    client = ensure_store(store)
+    overrides = ["model=resnet10", f"mlflow.tracking_uri={store}"]
+    typed = OmegaConf.to_object(compose_config(*overrides))
+    hashed = config_hash(flatten(compose_config(*overrides)))
+    other_code = unfinished_run(client, overrides, tmp_path / "a", "KILLED", code_fingerprint="0ld")
+    oom = unfinished_run(client, overrides, tmp_path / "b", "FAILED", status="oom")
+    assert resumption.resumable(client, typed, hashed) == (None, None)
+    assert f"run {other_code} (KILLED) of this config left" in caplog.text and "other code trained it" in caplog.text
+    assert f"run {oom} (FAILED) of this config left" in caplog.text and "status=oom" in caplog.text
+
+    killed = unfinished_run(client, overrides, tmp_path / "c", "KILLED")
+    resume, busy = resumption.resumable(client, typed, hashed)
+    assert (resume.run_id, resume.folder, resume.epoch, busy) == (killed, tmp_path / "c", 1, None)
+    plan = plan_job(compose_config(*overrides), hydra_job(tmp_path / "job", overrides))
+    assert (plan.resume.run_id, plan.output_dir) == (killed, tmp_path / "c")
+
+    with held(tmp_path / "c", "job", "wait"):  # a live process trains it: this job trains nothing
+        assert resumption.resumable(client, typed, hashed) == (None, killed)
+    skipped = plan_job(compose_config(*overrides, "skip_finished=false"), hydra_job(tmp_path / "job", overrides))
+    assert skipped.resume is None
+
+
+def test_resume_of_a_config_that_already_finished_is_refused(tmp_path, store):
+    client = ensure_store(store)
+    overrides = ["model=resnet10", f"mlflow.tracking_uri={store}"]
+    killed = unfinished_run(client, overrides, tmp_path / "a", "KILLED")
+    finished = unfinished_run(client, overrides, tmp_path / "b", "FINISHED")
+    command = [f"resume={killed}", f"mlflow.tracking_uri={store}"]
+    with pytest.raises(UsageError) as refused:
+        plan_job(compose_config(*command), hydra_job(tmp_path / "job", command))
+    assert str(refused.value) == (
+        f"resume={killed}: run {finished} already FINISHED with this config, so resuming run {killed} would train it "
+        f"twice: rerun={finished} trains it again, or skip_finished=false resumes anyway"
+    )
+    anyway = [*command, "skip_finished=false"]
+    assert plan_job(compose_config(*anyway), hydra_job(tmp_path / "j", anyway)).resume.run_id == killed
+
+
+def test_a_run_in_use_is_not_resumed_by_another_process(tmp_path, store, shared_data):
+    client = ensure_store(store)
+    killed = unfinished_run(client, ["model=resnet10"], tmp_path / "run", "KILLED")
+    with held(tmp_path / "run", "job", "wait"):
+        result = run_cli(f"resume={tmp_path / 'run'}", f"mlflow.tracking_uri={store}", f"hydra.run.dir={tmp_path}/x")
+    assert one_error_line(result).startswith(f"error: {tmp_path / 'run'} is in use by another job (pid ")
+    assert mlflow.MlflowClient(store).get_run(killed).info.status == "KILLED"
+
+
+# -- corrupt checkpoints ------------------------------------------------------------------------------------
+
+
+def test_a_corrupt_checkpoint_is_one_line_for_resume_and_a_warning_for_a_new_run(tmp_path, store, caplog):
+    client = ensure_store(store)
+    overrides = ["model=resnet10", f"mlflow.tracking_uri={store}"]
+    killed = unfinished_run(client, overrides, tmp_path / "run", "KILLED")
+    path = tmp_path / "run" / checkpoint.FILE
+    path.write_bytes(path.read_bytes()[:200])  # truncated
+    command = [f"resume={killed}", f"mlflow.tracking_uri={store}"]
+    with pytest.raises(UsageError) as refused:
+        plan_job(compose_config(*command), hydra_job(tmp_path / "job", command))
+    assert str(refused.value).startswith(f"resume={killed}: {path} is unreadable (truncated or corrupt: ")
+    assert str(refused.value).endswith(": the run cannot go on from it; start a new run")
+
+    plan = plan_job(compose_config(*overrides), hydra_job(tmp_path / "run", overrides))  # a requeued job's folder
+    assert plan.resume is None and f"{path} is unreadable" in caplog.text
+
+
+# -- a loss that turns NaN ----------------------------------------------------------------------------------
+
+
+def test_a_diverged_run_ends_failed_in_one_line(tmp_path, store, shared_data):
+    result = run_cli(*small_run(tmp_path, store, shared_data, "epochs=1", "optim.lr=1e30"))
+    (run,) = runs(store)
+    assert one_error_line(result) == (
+        f"error: training diverged: train/loss is nan at epoch 1 step 3 (run {run.info.run_id} FAILED): lower "
+        "optim.lr, set grad_clip, or amp=false"
+    )
+    assert (run.info.status, run.data.tags["status"]) == ("FAILED", "diverged")
+    assert "test/auc" not in run.data.metrics
+
+
+# -- full disks ---------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def tmpfs(folder: Path, size: str):
+    """A small tmpfs mounted at ``folder`` (root only); the test skips with the reason where none can be mounted."""
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip() or mounted.returncode}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+@pytest.mark.slow
+def test_a_full_output_disk_is_one_line_and_the_run_resumes_once_there_is_space(tmp_path, store, shared_data):
+    """resnet10's checkpoint is ~230 MB: the first fits in 300 MB, the second (written beside it) does not."""
+    with tmpfs(tmp_path / "disk", "300m") as disk:
+        args = [a for a in small_run(tmp_path, store, shared_data, "epochs=2") if not a.startswith("hydra.run")]
+        result = run_cli(*args, f"hydra.run.dir={disk}/run")
+        (run,) = runs(store)
+        assert one_error_line(result) == (
+            f"error: no space left on {disk}/run (writing checkpoint.pt): run {run.info.run_id} FAILED, its last "
+            f"checkpoint kept: free space, then resume it: python -m src.train resume={run.info.run_id}"
+        )
+        assert (run.info.status, run.data.tags["status"]) == ("FAILED", "no_space")
+        assert checkpoint.load(disk / "run" / checkpoint.FILE)["epoch"] == 1
+        subprocess.run(["mount", "-o", "remount,size=800m", str(disk)], check=True)
+        again = run_cli(*args, f"hydra.run.dir={tmp_path}/again")  # the same command: it goes on from epoch 2
+    assert again.returncode == 0, again.stderr[-3000:]
+    (run,) = runs(store)
+    assert (run.info.status, run.data.tags["resumes"], run.data.tags.get("status")) == ("FINISHED", "1", None)
+
+
+@pytest.mark.slow
+def test_a_store_whose_disk_fills_mid_run_is_one_line_naming_the_run_to_resume(tmp_path, shared_data):
+    with tmpfs(tmp_path / "disk", "8m") as disk:
+        store = f"sqlite:///{disk / 'mlflow.db'}"
+        ensure_store(store)
+        args = small_run(tmp_path, store, shared_data, "epochs=20", "mlflow.system_metrics=false")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "src.train", *args],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            deadline = time.monotonic() + 900
+            while not (started := runs(store)):  # the run exists: now fill the store's disk
+                assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
+                time.sleep(0.2)
+            with contextlib.suppress(OSError), (disk / "filler").open("wb") as out:
+                out.write(b"\0" * (64 << 20))
+            stdout, stderr = process.communicate(timeout=900)
+        finally:
+            kill_group(process)
+    result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    run_id = started[0].info.run_id
+    assert one_error_line(result) == (
+        f"error: the MLflow store {store} failed (no space left on its disk) with run {run_id}, which may stay "
+        f"RUNNING; its last checkpoint is kept: fix the store, then resume it: python -m src.train resume={run_id} "
+        "(or the same command again)"
+    )

@@ -1,0 +1,262 @@
+"""Sweeps that lose and duplicate nothing: a folder of their own, every job checked before the first starts, stop
+signals passed on to the jobs (real processes, real signals, a real MLflow store)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import psutil
+import pytest
+
+from src.folders import fresh, held
+from src.parallel.preemption import Preemption
+from tests.helpers import ROOT, kill_group, run_cli, runs, small_run
+
+JOBLIB = ("hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
+TRAINING = ("epochs=2", "limit_batches=40")  # ~10 s of steps a job on 1 thread: long enough to be stopped in
+
+
+def sweep_runs(store: str) -> tuple[list[mlflow.entities.Run], list[mlflow.entities.Run]]:
+    """The parent runs and the job runs of the store."""
+    every = runs(store)
+    return [r for r in every if r.data.tags.get("role") == "sweep"], [r for r in every if "role" not in r.data.tags]
+
+
+def slow(*values):
+    return pytest.param(*values, marks=pytest.mark.slow)
+
+
+def one_error_line(result: subprocess.CompletedProcess) -> str:
+    """The one ``error:`` line of a refused command (exit 2, no traceback)."""
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    return line
+
+
+# -- folders ------------------------------------------------------------------------------------------------
+
+
+def claim(path: str, queue) -> None:
+    queue.put(fresh(path))
+
+
+def test_a_fresh_folder_is_claimed_once_even_by_processes_asking_at_once(tmp_path):
+    base = str(tmp_path / "sweeps" / "12-00-00")
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    claimers = [context.Process(target=claim, args=(base, queue)) for _ in range(4)]
+    for process in claimers:
+        process.start()
+    got = sorted(queue.get(timeout=120) for _ in claimers)
+    for process in claimers:
+        process.join()
+    assert got == sorted([base, f"{base}-2", f"{base}-3", f"{base}-4"])
+    assert fresh(base) == f"{base}-5" and all(Path(path).is_dir() for path in got)
+
+
+@pytest.mark.slow
+def test_two_sweeps_started_in_the_same_second_keep_their_own_folders_runs_and_weights(tmp_path, store, shared_data):
+    """The default folders (``sweeps/<date>/<time>``, under the working directory): each sweep gets its own."""
+    (tmp_path / "cwd").mkdir()
+    args = [a for a in small_run(tmp_path, store, shared_data, "epochs=1") if not a.startswith("hydra.")]
+    commands = [
+        [sys.executable, "-m", "src.train", "-m", *args, f"model={model}", f"seed={seeds}"]
+        for model, seeds in (("resnet10", "0,1"), ("resnet18", "2,3"))
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    started = [
+        subprocess.Popen(c, cwd=tmp_path / "cwd", env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for c in commands
+    ]
+    for process in started:
+        assert process.wait(timeout=900) == 0, process.communicate()[1][-3000:]
+    parents, jobs = sweep_runs(store)
+    assert len(parents) == 2 and {p.info.status for p in parents} == {"FINISHED"}
+    folders = {p.data.tags["sweep_dir"] for p in parents}
+    assert len(folders) == 2
+    for parent in parents:
+        children = [r for r in jobs if r.data.tags["mlflow.parentRunId"] == parent.info.run_id]
+        assert len(children) == 2 and {r.info.status for r in children} == {"FINISHED"}
+        assert len({r.data.params["model.name"] for r in children}) == 1
+        for run in children:
+            best = Path(run.data.tags["best_weights"])
+            assert best.parent.parent == Path(parent.data.tags["sweep_dir"]) and best.is_file()
+
+
+def test_a_sweep_folder_in_use_is_refused_in_one_line_before_any_run(tmp_path, store, shared_data):
+    with held(tmp_path / "sweep", "sweep", "wait"):
+        result = run_cli("-m", *small_run(tmp_path, store, shared_data, "seed=0,1"))
+    line = one_error_line(result)
+    assert line.startswith(f"error: {tmp_path / 'sweep'} is in use by another sweep (pid {os.getpid()}): wait for it")
+    assert runs(store) == []
+
+
+# -- every job checked before the first starts --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides,error",
+    [
+        (("batch_size=4,0,8",), "error: job 1 (batch_size=0): batch_size=0 must be >= 1"),
+        (("model=resnet10,resnet7",), "error: job 1 (model=resnet7): model=resnet7 is not an option of model"),
+        slow(("optim.lr=0.001,-1",), "error: job 1 (optim.lr=-1): optim.lr=-1.0 must be >= 0"),
+        slow(("hydra.launcher.n_jobs=0", "seed=0,1"), "error: hydra.launcher.n_jobs=0 must be a number >= 1 or -1"),
+        slow(("tags=[status]", "seed=0,1"), "error: job 0 (seed=0): tags: status is a tag medsweep sets itself"),
+    ],
+)
+def test_a_bad_job_anywhere_in_a_sweep_stops_it_before_any_job_and_any_run(
+    tmp_path, store, shared_data, overrides, error
+):
+    """Under joblib a bad job used to fail beside a job already training, killing it and leaving it RUNNING."""
+    result = run_cli("-m", *JOBLIB, *small_run(tmp_path, store, shared_data, *overrides))
+    assert one_error_line(result).startswith(error)
+    assert runs(store) == [] and not (tmp_path / "sweep" / "0").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["corrupt file", "download offline"])
+def test_a_sweep_whose_data_cannot_be_had_creates_no_parent_run(tmp_path, store, shared_data, case):
+    root = tmp_path / "data"
+    root.mkdir()
+    data = {
+        "corrupt file": ("data=adrenalmnist3d", "data.download=false"),
+        "download offline": ("data=organmnist3d", "data.url=http://127.0.0.1:9/organmnist3d.npz"),
+    }[case]
+    if case == "corrupt file":
+        (root / "adrenalmnist3d.npz").write_bytes((shared_data / "adrenalmnist3d.npz").read_bytes()[:-100])
+    args = [a for a in small_run(tmp_path, store, shared_data, "seed=0,1") if not a.startswith(("data", "data."))]
+    line = one_error_line(run_cli("-m", *args, f"data.root={root}", *data))
+    assert line.startswith("error: job 0 (seed=0): ")
+    assert runs(store) == []
+
+
+# -- stop signals -------------------------------------------------------------------------------------------
+
+
+def start_sweep(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, Path]:
+    """``python -m src.train -m ARGS`` in a session of its own, its output in a file."""
+    log = tmp_path / "sweep.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "src.train", "-m", *args],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+        )
+    return process, log
+
+
+def wait_for(log: Path, text: str, count: int, process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 900  # seconds of work; minutes on a loaded machine
+    while log.read_text().count(text) < count:
+        assert process.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.1)
+
+
+def finish(process: subprocess.Popen, log: Path) -> int:
+    """Its exit code; no process of its session is left behind (joblib's resource tracker ends a moment after)."""
+    try:
+        code = process.wait(timeout=600)
+        deadline = time.monotonic() + 60
+        while (left := leftovers(process.pid)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        kill_group(process)
+    assert left == [], (left, log.read_text()[-3000:])
+    return code
+
+
+def leftovers(sid: int) -> list[psutil.Process]:
+    """The processes of session ``sid`` still running (not zombies: exited, their parent gone, init reaps them)."""
+    return [p for p in psutil.process_iter() if p.pid != sid and session(p) == sid and running(p)]
+
+
+def running(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def session(process: psutil.Process) -> int | None:
+    try:
+        return os.getsid(process.pid)
+    except OSError:
+        return None
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_joblib_sweep_checkpoints_its_jobs_and_the_same_command_resumes_them(tmp_path, store, shared_data):
+    args = (*JOBLIB, *small_run(tmp_path, store, shared_data, *TRAINING, "seed=0,1"))
+    process, log = start_sweep(tmp_path, *args)
+    wait_for(log, "start-up", 2, process)  # both jobs train
+    process.send_signal(signal.SIGTERM)  # to the main process only: it passes the stop on
+    assert finish(process, log) == 143, log.read_text()[-3000:]
+    (parent,), jobs = sweep_runs(store)
+    assert parent.info.status == "KILLED" and len(jobs) == 2
+    assert {(r.info.status, r.data.tags["preempted"]) for r in jobs} == {("KILLED", "true")}
+    assert "Traceback" not in log.read_text()
+
+    again = run_cli("-m", *args)  # the same command
+    assert again.returncode == 0, again.stderr[-3000:]
+    parents, after = sweep_runs(store)
+    assert sorted(r.info.run_id for r in after) == sorted(r.info.run_id for r in jobs)  # resumed, none duplicated
+    assert {(r.info.status, r.data.tags["resumes"]) for r in after} == {("FINISHED", "1")}
+    (resumer,) = [p for p in parents if p.info.run_id != parent.info.run_id]
+    assert resumer.info.status == "FINISHED"
+    assert {r.data.tags["mlflow.parentRunId"] for r in after} == {resumer.info.run_id}
+    assert not list((tmp_path / "sweep").glob("*/checkpoint.pt"))
+
+
+def test_ctrl_c_stops_a_sweep_with_its_resume_command_and_no_job_starts_after_it(tmp_path, store, shared_data):
+    """SIGINT to the whole process group, as a terminal sends it."""
+    process, log = start_sweep(tmp_path, *small_run(tmp_path, store, shared_data, *TRAINING, "seed=0,1"))
+    wait_for(log, "start-up", 1, process)
+    os.killpg(process.pid, signal.SIGINT)
+    assert finish(process, log) == 130, log.read_text()[-3000:]
+    text = log.read_text()
+    assert "Traceback" not in text and "job 1 not started: SIGINT stopped the sweep" in text
+    (parent,), (job,) = sweep_runs(store)
+    assert (parent.info.status, job.info.status, job.data.tags["preempted"]) == ("KILLED", "KILLED", "true")
+    assert f"is KILLED and resumable: python -m src.train resume={job.info.run_id}" in text
+
+
+@pytest.mark.slow
+def test_a_signal_after_training_lets_the_job_finish_and_no_other_start(tmp_path, store, shared_data):
+    """SIGTERM after the last step (fault.term_step): the test runs, the run is FINISHED, job 1 never starts."""
+    result = run_cli("-m", *small_run(tmp_path, store, shared_data, "epochs=1", "fault.term_step=3", "seed=0,1"))
+    assert result.returncode == 143, result.stderr[-3000:]
+    (parent,), (job,) = sweep_runs(store)
+    assert (parent.info.status, job.info.status, job.data.params["seed"]) == ("KILLED", "FINISHED", "0")
+    text = result.stdout + result.stderr
+    assert "SIGTERM came after training" in text and "job 1 not started" in text
+
+
+@pytest.mark.slow
+def test_sigterm_during_start_up_leaves_no_running_run(tmp_path, store, shared_data):
+    """Once the run exists, a stop before the first step checkpoints step 0: KILLED and resumable."""
+    process, log = start_sweep(tmp_path, *small_run(tmp_path, store, shared_data, *TRAINING))
+    wait_for(log, "MLflow run ", 1, process)  # the job's run exists
+    process.send_signal(signal.SIGTERM)
+    assert finish(process, log) == 143, log.read_text()[-3000:]
+    (parent,), (job,) = sweep_runs(store)
+    assert (parent.info.status, job.info.status, job.data.tags["preempted"]) == ("KILLED", "KILLED", "true")
+
+
+def test_a_second_ctrl_c_stops_at_once():
+    preemption = Preemption()
+    with preemption.installed(), pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        assert preemption.signum == signal.SIGINT  # the first: recorded only
+        os.kill(os.getpid(), signal.SIGINT)

@@ -126,6 +126,18 @@ def test_a_run_in_use_is_not_resumed_by_another_process(tmp_path, store, shared_
     assert mlflow.MlflowClient(store).get_run(killed).info.status == "KILLED"
 
 
+def test_a_new_run_never_overwrites_the_tested_weights_an_earlier_run_left_in_its_folder(tmp_path, store):
+    overrides = ["model=resnet10", f"mlflow.tracking_uri={store}"]
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / checkpoint.BEST_FILE).write_bytes(b"weights")
+    with pytest.raises(UsageError) as refused:
+        plan_job(compose_config(*overrides), hydra_job(tmp_path / "run", overrides))
+    assert str(refused.value) == (
+        f"{tmp_path / 'run'} holds the tested weights of an earlier run (best.pt), which a new run there would "
+        "overwrite: give this job another folder (hydra.run.dir, or hydra.sweep.dir with -m)"
+    )
+
+
 # -- corrupt checkpoints ------------------------------------------------------------------------------------
 
 

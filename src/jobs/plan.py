@@ -90,6 +90,11 @@ def plan_job(cfg: DictConfig, hydra_cfg: DictConfig, follower: bool = False) -> 
             )
         if not (finished or resume or follower) and store_exists(tracking_uri(typed)):
             resume, busy = resumption.resumable(ensure_store(tracking_uri(typed)), typed, hashed)
+    if not (finished or busy or resume) and (job_dir / checkpoint.BEST_FILE).exists():
+        raise UsageError(
+            f"{job_dir} holds the tested weights of an earlier run ({checkpoint.BEST_FILE}), which a new run there "
+            f"would overwrite: give this job another folder (hydra.run.dir, or hydra.sweep.dir with -m)"
+        )
     return Plan(
         cfg=typed,
         device=device,

@@ -67,11 +67,11 @@ def test_a_killed_sweep_started_again_runs_only_the_unfinished_jobs(tmp_path, st
 
     result = run_cli(*args)
     assert result.returncode == 0, result.stderr[-3000:]
-    new = [r for r in children(store) if r.info.run_id not in before]
-    assert sorted(r.data.params["seed"] for r in new) == ["2", "3"]
-    assert {r.info.status for r in new} == {"FINISHED"}
-    assert finished_seeds(store) == ["0", "1", "2", "3"]  # one each; a job RUNNING at the kill stays RUNNING
     (parent,) = [r for r in runs(store) if r.data.tags.get("role") == "sweep" and r.info.run_id not in before]
+    trained = [r for r in children(store) if r.data.tags["mlflow.parentRunId"] == parent.info.run_id]
+    assert sorted(r.data.params["seed"] for r in trained) == ["2", "3"]  # new, or resumed from the killed sweep
+    assert {r.info.status for r in trained} == {"FINISHED"}
+    assert finished_seeds(store) == ["0", "1", "2", "3"]  # one each
     assert parent.info.status == "FINISHED"
     done = {r.data.params["seed"]: r.info.run_id for r in children(store) if r.info.status == "FINISHED"}
     skipped = {k: v for k, v in parent.data.tags.items() if k.startswith("skipped.")}
@@ -93,7 +93,7 @@ def test_a_finished_single_run_is_skipped_unless_skip_finished_is_false(tmp_path
     assert f"run {first.info.run_id} FINISHED with the same config" in again.stdout + again.stderr
     assert [r.info.run_id for r in runs(store)] == [first.info.run_id]
 
-    forced = run_cli(*args, "skip_finished=false")
+    forced = run_cli(*args, "skip_finished=false", f"hydra.run.dir={tmp_path}/forced")  # run/ holds the first's best.pt
     assert forced.returncode == 0, forced.stderr[-3000:]
     second = next(r for r in runs(store) if r.info.run_id != first.info.run_id)
     assert second.info.status == "FINISHED"

@@ -148,15 +148,25 @@ def test_unknown_model_group_option_names_the_choices(tmp_path, store, shared_da
 
 
 @pytest.mark.slow
-def test_a_failing_job_fails_the_parent_and_keeps_the_finished_child(tmp_path, store, shared_data):
-    result = run_cli(
-        "-m", *small_run(tmp_path, store, shared_data, "epochs=1", "amp=true", "amp_dtype=bfloat16,float16")
-    )
-    assert result.returncode == 2
+def test_a_job_failing_as_it_trains_stops_the_sweep_in_one_line_and_keeps_the_finished_child(
+    tmp_path, store, shared_data
+):
+    """Job 2's second DDP rank dies (SIGKILL) at its first step: the job fails as it trains, after jobs 0 and 1
+    finished; job 3 never starts."""
+    ddp = ("parallel=none,ddp", "parallel.nproc=2", "fault.kill_rank=1", "seed=0,1")
+    result = run_cli("-m", *small_run(tmp_path, store, shared_data, "epochs=1", *ddp))
+    assert result.returncode == 1, result.stderr[-3000:]
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert line.startswith("error: job 2 (") and "parallel=ddp" in line and "failed: " in line
+    assert "job 3 not started" in result.stdout + result.stderr
     parent = next(r for r in runs(store) if r.data.tags.get("role") == "sweep")
     children = [r for r in runs(store) if r.data.tags.get("mlflow.parentRunId")]
     assert parent.info.status == "FAILED"
-    assert [(r.data.params["amp_dtype"], r.info.status) for r in children] == [("bfloat16", "FINISHED")]
+    assert sorted((r.data.params["parallel.mode"], r.info.status) for r in children) == [
+        ("ddp", "FAILED"),
+        ("none", "FINISHED"),
+        ("none", "FINISHED"),
+    ]
 
 
 @pytest.mark.slow

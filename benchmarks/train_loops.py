@@ -224,7 +224,7 @@ def medsweep_variant(cfg: Config, warmup: int, name: str = "medsweep") -> Varian
     """medsweep's ``Trainer`` as ``run_rank`` builds it; a round is one ``train_epoch`` whose meter skips ``warmup``."""
     seed_everything(cfg)
     trainer = build_trainer(cfg, CPU, splits={"train": load_splits(cfg.data)["train"]})
-    trainer.meter = ThroughputMeter(CPU, warmup=warmup)
+    trainer.meter = ThroughputMeter(CPU, warmup=warmup, first_warmup=warmup)
     epochs = itertools.count()
     timed = cfg.limit_batches - warmup
     return Variant(

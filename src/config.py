@@ -131,6 +131,13 @@ class Backend(Enum):
     gloo = "gloo"
 
 
+class SelectBy(Enum):
+    val_auc = "val_auc"
+    val_auc_smoothed = "val_auc_smoothed"
+    val_loss = "val_loss"
+    last = "last"
+
+
 class CheckpointKeep(Enum):
     last = "last"
     always = "always"
@@ -355,6 +362,7 @@ class Config:
     early_stop_patience: Optional[int] = None  # stop after this many epochs without a better val/auc
     warmup_epochs: int = 0  # linear learning-rate warm-up from lr/10 (before the schedule)
     ema_decay: Optional[float] = None  # validate, keep and test an EMA of the weights and BatchNorm buffers (0.99)
+    select_by: SelectBy = SelectBy.val_auc  # which epoch's weights are tested: docs/accuracy.md
     channels_last: bool = False
     cudnn_benchmark: bool = False
     compile: bool = False  # torch.compile the model
@@ -415,6 +423,8 @@ class ReportConfig:
     parent: Optional[str] = None  # a sweep's parent run id
     out: Optional[str] = None  # null: <sweep folder>/report, else reports/<parent run id or experiment>
     margin: float = 0.01  # test-AUC loss a switch may cost and still be judged "no loss"
+    speed_margin: float = 0.05  # samples/s ratios within [1/(1 + it), 1 + it] are judged "no difference"
+    memory_margin: float = 0.05  # peak-memory ratios within [1/(1 + it), 1 + it] are judged "no difference"
     tags: list[str] = field(default_factory=list)  # only the runs carrying every one of these tags
     register: Optional[str] = None  # register the best run's logged model (by val/auc) under this name
 
@@ -422,6 +432,8 @@ class ReportConfig:
         for key in ("sweep", "parent", "out", "register"):
             filled(key, getattr(self, key), null=True)
         within("margin", self.margin, 0, 1, "[]", fix=" (an AUC difference)")
+        for key in ("speed_margin", "memory_margin"):
+            within(key, getattr(self, key), 0, 1, "[]", fix=" (a fraction of the baseline: 0.05 is 5%)")
         check_tags(self.tags)
 
 

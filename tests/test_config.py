@@ -219,7 +219,8 @@ def test_report_refuses_a_forced_key():
     cfg = compose_report("+bar=1", "sweep=x")
     line = (
         "unknown key bar (forced with +bar=1): ReportConfig has no such key; "
-        "top-level keys: mlflow, sweep, parent, out, margin, tags, register: fix the spelling"
+        "top-level keys: mlflow, sweep, parent, out, margin, speed_margin, memory_margin, tags, register: "
+        "fix the spelling"
     )
     with pytest.raises(UsageError, match=f"^{re.escape(line)}$"):
         check_known_keys(cfg, ["+bar=1", "sweep=x"])
@@ -296,7 +297,8 @@ def test_a_swept_forced_key_is_refused_before_the_sweep_starts():
             "src.report",
             ("+bar=1", "sweep=x"),
             "unknown key bar (forced with +bar=1): ReportConfig has no such key; "
-            "top-level keys: mlflow, sweep, parent, out, margin, tags, register: fix the spelling",
+            "top-level keys: mlflow, sweep, parent, out, margin, speed_margin, memory_margin, tags, register: "
+            "fix the spelling",
         ),
         ("src.report", ("margin=-0.1",), "margin=-0.1 must be in [0, 1] (an AUC difference)"),
     ],

@@ -1,24 +1,35 @@
 """``dry_run=true``: one line per job and a total, printed by real processes against a real SQLite store in a temp
-dir; nothing trains and the store is left byte for byte as it was (or not created)."""
+dir; nothing trains and the store is left byte for byte as it was (or not created). Each job shape is timed once and
+kept in the step-time cache, which later dry runs read; the rules of a timing and of the cache's expiry."""
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
+import json
 import re
 import statistics
+import time
 from pathlib import Path
 
+import mlflow
 import pytest
+import torch
 
-from src.jobs.dry_run import TIMED_STEPS, job_seconds, rounded
+from src.jobs.dry_run import Rate, job_seconds, rounded
 from src.jobs.resume import Resume
+from src.perf import memory_cache, step_timing
 from src.perf.autobatch import CPU_HEADROOM
 from src.perf.memory import predict
+from src.perf.probe_cache import now
 from src.resolve import validate
 from src.tracking.identity import config_hash, flatten, run_name
+from src.training.meters import MIN_TIMED_STEPS
 from tests.helpers import compose_config, run_cli, runs, small_run
 from tests.test_train import BAD_INPUTS
+
+TIMED = r"~[0-9.e-]+ min ±[0-9]+% \(timed [0-9]+ steps(, machine busy)?\)"  # a timed estimate, as a line ends
 
 
 def store_files(folder: Path) -> dict[str, str]:
@@ -29,6 +40,15 @@ def store_files(folder: Path) -> dict[str, str]:
 
 def listed(stdout: str) -> list[str]:
     return [line for line in stdout.splitlines() if line.startswith(("job ", "total: "))]
+
+
+def estimates(lines: list[str]) -> list[str]:
+    """The estimate of each job line: what follows its last ``| ``."""
+    return [line.rsplit(" | ", 1)[1] for line in lines if line.startswith("job ")]
+
+
+def timings(cache: Path) -> dict[str, dict]:
+    return json.loads((cache / step_timing.CACHE.name).read_text())
 
 
 def job_overrides(tmp_path: Path, store: str, shared_data: Path, *overrides: str) -> list[str]:
@@ -54,31 +74,48 @@ def test_a_dry_sweep_lists_two_runs_and_two_skips_and_leaves_the_store_as_it_was
     assert finished.returncode == 0, finished.stderr[-3000:]
     done = {r.data.params["seed"]: r for r in runs(store) if r.data.tags.get("mlflow.parentRunId")}
     assert sorted(done) == ["0", "1"] and {r.info.status for r in done.values()} == {"FINISHED"}
+    client = mlflow.MlflowClient(store)
+    for run in done.values():  # as if they had trained long enough on a quiet machine: a basis for the estimate
+        logged = client.get_metric_history(run.info.run_id, "perf/steps_timed")[-1]
+        client.log_metric(run.info.run_id, "perf/steps_timed", MIN_TIMED_STEPS, step=logged.step)  # the latest value
+        client.set_tag(run.info.run_id, "perf.contended", "false")
     before = store_files(tmp_path)
 
-    result = run_cli("-m", *small_run(tmp_path / "dry", store, shared_data, "epochs=1", "seed=0,1,2,3", "dry_run=true"))
-    assert result.returncode == 0, result.stderr[-3000:]
+    def dry_sweep() -> list[str]:
+        sweep = ("epochs=1", "seed=0,1,2,3", "dry_run=true")
+        result = run_cli("-m", *small_run(tmp_path / "dry", store, shared_data, *sweep))
+        assert result.returncode == 0, result.stderr[-3000:]
+        return listed(result.stdout)
+
+    lines = dry_sweep()
     assert store_files(tmp_path) == before  # no run, no sweep parent run, no tag, no artifact
     cfg = validate(compose_config(*job_overrides(tmp_path, store, shared_data, "epochs=1")))[0]
-    rate = statistics.median(r.data.metrics["perf/samples_per_s"] for r in done.values())  # same speed: seed differs
-    minutes = job_seconds(cfg, 1, rate) / 60
+    rates = [r.data.metrics["perf/samples_per_s_median"] for r in done.values()]  # same speed: only the seed differs
+    minutes = job_seconds(cfg, 1, statistics.median(rates)) / 60
+    low, high = (rounded(job_seconds(cfg, 1, rate) / 60) for rate in (max(rates), min(rates)))
     expected = []
     for seed in range(4):
         name, peak = job(tmp_path, store, shared_data, seed)
         action, estimate = (
             (f"skip: finished run {done[str(seed)].info.run_id}", "0 min")
             if str(seed) in done
-            else ("run", f"~{rounded(minutes)} min (from 2 finished runs)")
+            else ("run", f"~{rounded(minutes)} min (from 2 finished runs, {low}-{high})")
         )
         expected.append(f"job {seed}: {name} | {action} | peak {peak:.0f} MiB at batch 4 | {estimate}")
     expected.append(f"total: 2 to run, 2 to skip | ~{rounded(2 * minutes)} min | largest peak {peak:.0f} MiB")
-    assert listed(result.stdout) == expected
+    assert lines == expected
+
+    client.set_tag(done["1"].info.run_id, "perf.contended", "true")  # a contended run is no basis
+    minutes = job_seconds(cfg, 1, done["0"].data.metrics["perf/samples_per_s_median"]) / 60
+    assert estimates(dry_sweep())[2:] == [f"~{rounded(minutes)} min (from 1 finished run)"] * 2
 
 
 @pytest.mark.slow
 def test_a_parallel_dry_sweep_on_a_store_not_created_yet_times_the_jobs_and_creates_nothing(
-    tmp_path, store, shared_data
+    tmp_path, store, shared_data, monkeypatch
 ):
+    """Two worker processes, one shape: one of them times it, the other waits and reads it."""
+    monkeypatch.setenv("MEDSWEEP_CACHE_DIR", str(tmp_path / "cache"))
     result = run_cli(
         "-m",
         "hydra/launcher=joblib",
@@ -88,13 +125,11 @@ def test_a_parallel_dry_sweep_on_a_store_not_created_yet_times_the_jobs_and_crea
     assert result.returncode == 0, result.stderr[-3000:]
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "mlartifacts").exists()
     *jobs, last = listed(result.stdout)  # the jobs' lines come from two worker processes, in any order
-    assert len(jobs) == 2
+    assert len(jobs) == 2 and len(set(estimates(jobs))) == 1 and len(timings(tmp_path / "cache")) == 1
     for seed, line in enumerate(sorted(jobs)):
         name, peak = job(tmp_path, store, shared_data, seed)
-        prefix = f"job {seed}: {name} | run | peak {peak:.0f} MiB at batch 4 | ~"
-        assert line.startswith(prefix) and re.fullmatch(
-            rf"[0-9.e-]+ min \(timed {TIMED_STEPS} steps\)", line[len(prefix) :]
-        )
+        prefix = f"job {seed}: {name} | run | peak {peak:.0f} MiB at batch 4 | "
+        assert line.startswith(prefix) and re.fullmatch(TIMED, line[len(prefix) :])
     assert re.fullmatch(rf"total: 2 to run, 0 to skip \| ~[0-9.e-]+ min \| largest peak {peak:.0f} MiB", last)
 
 
@@ -111,10 +146,8 @@ def test_a_single_dry_run_of_batch_size_auto_lists_the_predicted_batch_unprobed_
     result = run_cli(*small_run(tmp_path, store, shared_data, *auto, f"mem_budget_mb={budget}", "dry_run=true"))
     assert result.returncode == 0, result.stderr[-3000:]
     line, last = listed(result.stdout)
-    prefix = f"job 0: {job_name(overrides)} | run | peak {peak:.0f} MiB at batch 4 | ~"
-    assert line.startswith(prefix) and re.fullmatch(
-        rf"[0-9.e-]+ min \(timed {TIMED_STEPS} steps\)", line[len(prefix) :]
-    )
+    prefix = f"job 0: {job_name(overrides)} | run | peak {peak:.0f} MiB at batch 4 | "
+    assert line.startswith(prefix) and re.fullmatch(TIMED, line[len(prefix) :])
     assert re.fullmatch(rf"total: 1 to run, 0 to skip \| ~[0-9.e-]+ min \| largest peak {peak:.0f} MiB", last)
     assert "batch_size=auto: batch_size=" not in result.stdout + result.stderr  # fit_batch's line after its probe
     assert not (tmp_path / "mlflow.db").exists()
@@ -154,3 +187,81 @@ def test_a_jobs_time_is_its_trained_samples_and_a_third_of_its_evaluated_ones_at
     # DDP, 2 ranks: 594 samples and 148 batches of 4 per rank; rank 0 evaluates alone, at half the summed rate
     ddp = seconds("limit_batches=null", "epochs=1", "parallel=ddp", "parallel.nproc=2", world=2)
     assert ddp == pytest.approx(148 * 4 * 2 / 10 + (98 + 298) / 3 / 5)
+
+
+@pytest.mark.slow
+def test_one_shape_is_timed_once_and_a_second_dry_run_reuses_it_until_it_expires(
+    tmp_path, store, shared_data, monkeypatch
+):
+    """Seeds and learning rates do not change the time per sample: six jobs, one timing, one figure; a second process
+    reads the same figure; an entry past its age is timed again."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("MEDSWEEP_CACHE_DIR", str(cache))
+
+    def dry_sweep() -> list[str]:
+        sweep = ("seed=0,1,2", "optim.lr=0.001,0.01", "dry_run=true")
+        result = run_cli("-m", *small_run(tmp_path, store, shared_data, *sweep))
+        assert result.returncode == 0, result.stderr[-3000:]
+        return listed(result.stdout)
+
+    first = dry_sweep()
+    assert len(first) == 7 and len(set(estimates(first))) == 1 and re.fullmatch(TIMED, estimates(first)[0])
+    (name, entry), *others = timings(cache).items()
+    assert not others and entry["steps"] >= step_timing.MIN_STEPS
+    assert dry_sweep() == first and timings(cache) == {name: entry}  # read, not timed again
+
+    stale = (now() - step_timing.MAX_AGE - datetime.timedelta(hours=1)).isoformat()
+    (cache / step_timing.CACHE.name).write_text(json.dumps({name: {**entry, "at": stale}}))
+    dry_sweep()
+    assert timings(cache)[name]["at"] > entry["at"]  # timed again, stamped now
+
+
+def test_a_timing_stops_at_its_target_interval_or_its_caps():
+    steady = [0.5] * step_timing.MIN_STEPS
+    assert step_timing.spread(steady) == 0 and step_timing.enough(steady)
+    assert not step_timing.enough(steady[:-1])  # too few for an interval, however close
+    noisy = [0.5, 0.7] * 2  # the 95% interval of their mean: ±31%
+    assert step_timing.spread(noisy) == pytest.approx(0.3062, abs=1e-4) and not step_timing.enough(noisy)
+    assert not step_timing.enough([5.0]) and step_timing.enough([5.0, 7.0])  # a slow shape: two, once past MAX_SECONDS
+    assert step_timing.enough([0.01, 0.02] * (step_timing.MAX_STEPS // 2))
+
+
+def test_a_step_time_is_cached_per_shape_and_expires_sooner_when_the_machine_was_busy(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEDSWEEP_CACHE_DIR", str(tmp_path))
+    built = []
+
+    def prepare():
+        built.append(1)
+        return lambda: time.sleep(0.002) or 0.002
+
+    cpu = torch.device("cpu")
+    first = step_timing.step_time({"model.name": "a"}, cpu, 1, prepare)
+    assert step_timing.step_time({"model.name": "a"}, cpu, 1, prepare) == first and len(built) == 1
+    step_timing.step_time({"model.name": "b"}, cpu, 1, prepare)
+    step_timing.step_time({"model.name": "a"}, cpu, 2, prepare)  # another thread count: another key
+    assert len(built) == 3 and len(json.loads((tmp_path / step_timing.CACHE.name).read_text())) == 3
+
+    def taken(ago: datetime.timedelta, busy: bool) -> dict:
+        return {"at": (now() - ago).isoformat(), "busy": busy}
+
+    hour, week = datetime.timedelta(hours=1), step_timing.MAX_AGE
+    assert step_timing.fresh(taken(week - hour, busy=False)) and not step_timing.fresh(taken(week + hour, busy=False))
+    assert step_timing.fresh(taken(hour / 2, busy=True)) and not step_timing.fresh(taken(2 * hour, busy=True))
+
+
+def test_a_lines_estimate_says_its_basis_and_its_spread():
+    assert Rate(10.0, "timed 14 steps", spread=0.083).estimate(12.0) == "~12 min ±8% (timed 14 steps)"
+    runs = Rate(10.0, "from 3 finished runs", runs=(9.0, 10.0, 11.0))
+    assert runs.estimate(12.0) == "~12 min (from 3 finished runs, 11-13)"  # 12 min at 11/s and at 9/s
+    assert Rate(10.0, "from 1 finished run", runs=(10.0,)).estimate(0.5) == "~0.5 min (from 1 finished run)"
+
+
+def test_a_memory_prediction_is_read_back_from_the_cache(tmp_path, monkeypatch, store, shared_data):
+    monkeypatch.setenv("MEDSWEEP_CACHE_DIR", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(memory_cache, "predict", lambda *args: calls.append(args) or predict(*args))
+    cfg, device = validate(compose_config(*job_overrides(tmp_path, store, shared_data)))
+    assert memory_cache.predicted(cfg, device) == memory_cache.predicted(cfg, device) == predict(cfg, device)
+    assert len(calls) == 1
+    (tmp_path / memory_cache.CACHE.name).write_text("not json")  # an unreadable cache is predicted anew
+    assert memory_cache.predicted(cfg, device) == predict(cfg, device) and len(calls) == 2

@@ -4,6 +4,8 @@ real MLflow store, bad selectors, and a real sweep reported end to end in real p
 from __future__ import annotations
 
 import csv
+import itertools
+import re
 
 import matplotlib.image
 import mlflow
@@ -18,9 +20,16 @@ from scipy import stats
 
 from src.errors import UsageError
 from src.report.analysis import (
+    AUC_EFFECT,
+    CONTENDED,
+    DTYPE,
     EFFECT_COLUMNS,
+    MEMORY_EFFECT,
+    MIN_TIMED_STEPS,
+    SPEED_EFFECT,
+    STEPS_TIMED,
     aggregate,
-    auc_interval,
+    interval,
     more_pairs,
     natural_key,
     paired_effects,
@@ -28,15 +37,18 @@ from src.report.analysis import (
     summarize_effects,
     swept_columns,
     verdict,
+    verdict_text,
 )
 from src.report.runs import METRICS, Selection
 from src.report.writer import report, write_report
 from src.tracking.store import ensure_store
 from src.tracking.sweep import PARENT_ID_FILE
+from src.training.meters import MIN_TIMED_STEPS as TRAINER_MIN_TIMED_STEPS
 from tests.helpers import ROOT, run_cli, runs
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 REPORT_FILES = {"report.md", "report.html", "runs.csv", "effects.csv", "throughput_memory.png", "paired_effects.png"}
+MARGINS = {"margin": 0.01, "speed_margin": 0.05, "memory_margin": 0.05}  # the defaults
 
 
 def report_config(*overrides: str):
@@ -132,7 +144,7 @@ def test_pairs_join_runs_equal_in_every_other_swept_param():
     batch = found[found["param"] == "batch_size"]
     assert len(batch) == 3 and set(batch["value"]) == {"8"} and np.allclose(batch["speed_ratio"], 2.0)
     assert "seed" not in set(found["param"])  # seeds are aggregated, not compared
-    summary = summarize_effects(found, 0.01).set_index("param")
+    summary = summarize_effects(found, MARGINS).set_index("param")
     assert summary.loc["amp", "pairs"] == 3
     assert summary.loc["amp", "speed_ratio"] == pytest.approx(2.0)
     assert summary.loc["amp", "memory_ratio"] == pytest.approx(0.6)
@@ -164,7 +176,7 @@ def activation_runs() -> pd.DataFrame:
 
 
 def test_a_switch_is_judged_no_loss_loss_or_inconclusive_against_the_margin():
-    summary = summarize_effects(paired_effects(activation_runs(), ["model.activation", "seed"]), 0.01)
+    summary = summarize_effects(paired_effects(activation_runs(), ["model.activation", "seed"]), MARGINS)
     assert summary[["value", "baseline", "pairs"]].values.tolist() == [
         ["mish", "gelu", 4],
         ["prelu", "gelu", 4],
@@ -181,23 +193,182 @@ def test_a_switch_is_judged_no_loss_loss_or_inconclusive_against_the_margin():
 
 
 def test_the_verdict_needs_the_whole_interval_on_one_side_of_minus_margin():
-    assert verdict(-0.009, 0.02, 0.01) == "no loss"
-    assert verdict(-0.05, -0.011, 0.01) == "loss"
-    assert verdict(-0.011, 0.02, 0.01) == verdict(-0.02, -0.01, 0.01) == "inconclusive"
-    assert verdict(np.nan, np.nan, 0.01) == "inconclusive"
+    assert verdict(-0.009, 0.02, AUC_EFFECT, 0.01) == "no loss"
+    assert verdict(-0.05, -0.011, AUC_EFFECT, 0.01) == "loss"
+    assert verdict(-0.011, 0.02, AUC_EFFECT, 0.01) == verdict(-0.02, -0.01, AUC_EFFECT, 0.01) == "inconclusive"
+    assert verdict(-0.01, -0.01, AUC_EFFECT, 0.01) == "inconclusive"  # on the line: AUC has no band
+    assert verdict(np.nan, np.nan, AUC_EFFECT, 0.01) == "inconclusive"
 
 
 def test_one_pair_or_a_mean_at_minus_margin_gives_no_count_of_more_pairs():
-    one = auc_interval(pd.Series([0.004]), 0.01)
+    one = interval(pd.Series([0.004]), AUC_EFFECT, 0.01)
     assert one["verdict"] == "inconclusive" and np.isnan(one["dauc_lo"]) and one["more_pairs"] is None
-    assert auc_interval(pd.Series([-0.02, 0.0]), 0.01)["more_pairs"] is None  # mean -0.01: no number of pairs
-    assert more_pairs(4, 0.0, 0.0, 0.01) == 0  # no spread: settled already
+    assert interval(pd.Series([-0.02, 0.0]), AUC_EFFECT, 0.01)["more_pairs"] is None  # mean -0.01: no number of pairs
+    assert more_pairs(4, 0.0, 0.01) == 0  # no spread: settled already
+
+
+# samples/s and peak memory of model.block=<value> over v0 (the baseline) for seeds 0-3: clearly above the 5% band,
+# clearly below it, inside it, straddling its upper edge (mean inside) and its lower edge (mean below)
+RATIOS = {
+    "v1": [1.50, 1.55, 1.45, 1.52],
+    "v2": [0.60, 0.62, 0.58, 0.61],
+    "v3": [1.00, 1.01, 0.99, 1.005],
+    "v4": [1.00, 1.06, 1.02, 1.08],
+    "v5": [0.90, 0.96, 0.92, 0.98],
+}
+
+
+def block_runs(**columns) -> pd.DataFrame:
+    """model.block x seed=0..3 with samples/s, peak memory (and test AUC, 0.1 per unit) over v0 as RATIOS;
+    ``columns``: the same value in every run."""
+    rows = [
+        {
+            "model.block": value,
+            "seed": str(seed),
+            "perf/samples_per_s": 100 * ratio,
+            "mem/peak_mb": 1000 * ratio,
+            "test/auc": 0.8 + 0.1 * (ratio - 1),
+            **columns,
+        }
+        for value, ratios in {"v0": [1.0] * 4, **RATIOS}.items()
+        for seed, ratio in enumerate(ratios)
+    ]
+    return pd.DataFrame(rows)
+
+
+def pairs_to_settle(logs: np.ndarray, edge: float) -> int:
+    """By counting up: the fewest pairs whose 95% interval, at this mean and spread, leaves the band [-edge, edge]'s
+    nearer edge."""
+    gap = min(abs(logs.mean() - edge), abs(logs.mean() + edge))
+    return next(n for n in itertools.count(2) if stats.t.ppf(0.975, n - 1) * logs.std(ddof=1) / np.sqrt(n) < gap)
+
+
+def test_speed_and_memory_are_judged_on_their_log_ratios_against_their_margins():
+    summary = summarize_effects(paired_effects(block_runs(), ["model.block", "seed"]), MARGINS).set_index("value")
+    assert summary["speed_verdict"].tolist() == ["faster", "slower", "no difference", "inconclusive", "inconclusive"]
+    assert summary["memory_verdict"].tolist() == [
+        "more memory",
+        "less memory",
+        "no difference",
+        "inconclusive",
+        "inconclusive",
+    ]
+    assert (summary["speed_pairs"] == 4).all()  # runs logged before steps were counted or runs tagged: all kept
+    for value, ratios in RATIOS.items():
+        logs = np.log(ratios)
+        lo, hi = np.exp(stats.t.interval(0.95, len(logs) - 1, loc=logs.mean(), scale=stats.sem(logs)))
+        for name in ("speed", "memory"):
+            row = summary.loc[value]
+            assert (row[f"{name}_ratio"], row[f"{name}_lo"], row[f"{name}_hi"]) == pytest.approx(
+                (np.exp(logs.mean()), lo, hi)
+            )
+    for value in ("v4", "v5"):  # v4 settles once inside the band (its upper edge), v5 once below it
+        more = pairs_to_settle(np.log(RATIOS[value]), np.log(1.05)) - 4
+        assert summary.loc[value, "speed_more_pairs"] == summary.loc[value, "memory_more_pairs"] == more > 0
+    effect = next(summary.reset_index().itertuples())
+    assert verdict_text(effect, SPEED_EFFECT) == "faster" and verdict_text(effect, MEMORY_EFFECT) == "more memory"
+    more = summary.loc["v4", "speed_more_pairs"]
+    assert (
+        verdict_text(list(summary.reset_index().itertuples())[3], SPEED_EFFECT) == f"inconclusive (~{more} more pairs)"
+    )
+
+
+def test_a_ratio_verdict_needs_the_whole_interval_beyond_or_within_the_band():
+    assert verdict(1.051, 1.3, SPEED_EFFECT, 0.05) == "faster"
+    assert verdict(0.5, 0.95, SPEED_EFFECT, 0.05) == "slower"  # below 1 / 1.05 = 0.952
+    assert verdict(1 / 1.05, 1.05, SPEED_EFFECT, 0.05) == "no difference"  # the band's edges belong to it
+    assert verdict(1.04, 1.06, SPEED_EFFECT, 0.05) == verdict(0.9, 1.2, SPEED_EFFECT, 0.05) == "inconclusive"
+    assert verdict(1.06, 1.3, SPEED_EFFECT, 0.1) == "inconclusive"  # a wider margin: 1.06 is inside its band
+    assert verdict(np.nan, np.nan, SPEED_EFFECT, 0.05) == "inconclusive"
+    assert verdict(1.2, 1.3, MEMORY_EFFECT, 0.05) == "more memory"
+    assert verdict(0.5, 0.6, MEMORY_EFFECT, 0.05) == "less memory"
+
+
+def test_contended_and_short_runs_leave_the_speed_pairs_but_not_memory_or_auc():
+    runs = block_runs(**{STEPS_TIMED: 100.0, CONTENDED: False})
+    runs = runs[runs["model.block"].isin(["v0", "v1"])].reset_index(drop=True)
+    v1, v0 = runs["model.block"] == "v1", runs["model.block"] == "v0"
+    runs.loc[v1 & (runs["seed"] == "0"), CONTENDED] = True
+    runs.loc[v0 & (runs["seed"] == "1"), STEPS_TIMED] = MIN_TIMED_STEPS - 1
+    runs.loc[v0 & (runs["seed"] == "2"), STEPS_TIMED] = MIN_TIMED_STEPS  # enough
+    effect = summarize_effects(paired_effects(runs, ["model.block", "seed"]), MARGINS).iloc[0]
+    assert effect[["pairs", "speed_pairs", "contended_pairs", "few_steps_pairs"]].tolist() == [4, 2, 1, 1]
+    kept, every = np.log(RATIOS["v1"][2:]), np.log(RATIOS["v1"])
+    lo, hi = np.exp(stats.t.interval(0.95, 1, loc=kept.mean(), scale=stats.sem(kept)))
+    assert (effect["speed_ratio"], effect["speed_lo"], effect["speed_hi"]) == pytest.approx(
+        (np.exp(kept.mean()), lo, hi)
+    )
+    assert effect["memory_ratio"] == pytest.approx(np.exp(every.mean()))
+    assert effect["dauc_mean"] == pytest.approx(0.1 * (np.mean(RATIOS["v1"]) - 1))
+
+
+def test_a_comparison_whose_pairs_all_left_speed_cannot_judge_it():
+    runs = block_runs(**{STEPS_TIMED: 4.0}).assign(**{CONTENDED: lambda f: f["seed"] == "0"})  # smoke runs
+    summary = summarize_effects(paired_effects(runs, ["model.block", "seed"]), MARGINS)
+    assert set(summary["speed_verdict"]) == {"cannot judge speed"} and (summary["speed_pairs"] == 0).all()
+    assert summary[["speed_ratio", "speed_lo", "speed_hi", "speed_more_pairs"]].isna().all().all()
+    assert summary["memory_verdict"].iloc[0] == "more memory"  # memory and AUC keep every pair
+    effect = next(summary.itertuples())
+    assert verdict_text(effect, SPEED_EFFECT) == "cannot judge speed (1 contended, 4 too few timed steps)"
+
+
+def test_a_report_of_runs_none_fit_to_time_says_so_once_at_the_top(tmp_path):
+    runs = as_run_frame(
+        block_runs(**{STEPS_TIMED: 4.0, DTYPE: "float32"}).assign(**{CONTENDED: lambda f: f["seed"] == "0"})
+    )
+    write_report(runs, Selection("smoke", [], None, tmp_path), "sqlite:///none.db", tmp_path, MARGINS)
+    markdown = (tmp_path / "report.md").read_text()
+    assert markdown.count("Speed cannot be judged") == 1
+    note = markdown.index("Speed cannot be judged: of 24 finished runs, 6 were contended (other processes shared")
+    assert note < markdown.index("## Configurations")
+    assert f"and 24 timed fewer than {MIN_TIMED_STEPS} optimizer steps" in markdown
+    found = tables(markdown)
+    assert {row["samples/s verdict"] for row in found["Paired effects"]} == {
+        "cannot judge speed (1 contended, 4 too few timed steps)"
+    }
+    assert {row["samples/s [95% CI]"] for row in found["Paired effects"]} == {"-"}
+    assert [row["contended"] for row in found["Configurations"]] == ["1"] * 6
+    assert "precision" not in found["Configurations"][0]  # one precision, amp not swept
+    effects = pd.read_csv(tmp_path / "effects.csv")
+    assert effects[["contended_pairs", "few_steps_pairs", "speed_pairs"]].drop_duplicates().values.tolist() == [
+        [1, 4, 0]
+    ]
+    assert (tmp_path / "paired_effects.png").read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_the_report_and_the_trainer_agree_on_too_few_timed_steps():
+    assert MIN_TIMED_STEPS == TRAINER_MIN_TIMED_STEPS
+
+
+@pytest.mark.parametrize("key", ["speed_margin", "memory_margin"])
+@pytest.mark.parametrize("value", ["-0.1", "1.5", "nan"])
+def test_speed_and_memory_margins_outside_their_range_are_refused(key, value):
+    message = f"{key}={value} must be in [0, 1] (a fraction of the baseline: 0.05 is 5%)"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        report_config(f"{key}={value}")
+
+
+@pytest.mark.parametrize("value", ["0", "1"])
+def test_speed_and_memory_margin_edges_pass(value):
+    cfg = report_config(f"speed_margin={value}", f"memory_margin={value}")
+    assert cfg.speed_margin == cfg.memory_margin == float(value)
+    assert report_config().speed_margin == report_config().memory_margin == 0.05  # the defaults
+
+
+def as_run_frame(runs: pd.DataFrame) -> pd.DataFrame:
+    """Hand-made runs as ``run_frame`` gives them: ids, FINISHED, every metric (NaN unless given), and as runs logged
+    before steps were counted and runs tagged (not contended, steps and precision unknown) unless given."""
+    defaults = {**dict.fromkeys(METRICS, np.nan), STEPS_TIMED: np.nan, CONTENDED: False, DTYPE: ""}
+    return runs.assign(
+        run_id=[f"run{i}" for i in range(len(runs))],
+        status="FINISHED",
+        **{key: value for key, value in defaults.items() if key not in runs},
+    )
 
 
 def test_effects_csv_has_one_row_per_comparison_through_write_report(tmp_path):
-    runs = activation_runs().assign(run_id=lambda f: [f"run{i}" for i in range(len(f))], status="FINISHED")
-    runs = runs.reindex(columns=[*runs.columns, *(m for m in METRICS if m not in runs)])
-    files = write_report(runs, Selection("constructed", [], None, tmp_path), "sqlite:///none.db", tmp_path, 0.01)
+    runs = as_run_frame(activation_runs())
+    files = write_report(runs, Selection("constructed", [], None, tmp_path), "sqlite:///none.db", tmp_path, MARGINS)
     assert tmp_path / "effects.csv" in files
     effects = pd.read_csv(tmp_path / "effects.csv")
     assert effects.columns.tolist() == EFFECT_COLUMNS
@@ -208,15 +379,19 @@ def test_effects_csv_has_one_row_per_comparison_through_write_report(tmp_path):
     ]
     assert effects["more_pairs"].isna().tolist() == [True, True, False] and effects["more_pairs"].iloc[2] == 4
     assert effects["speed_ratio"].tolist() == pytest.approx([0.9, 0.8, 0.7]) and set(effects["margin"]) == {0.01}
+    assert effects["speed_verdict"].tolist() == ["slower"] * 3  # the same ratio from every seed: no spread
+    assert effects["memory_verdict"].tolist() == ["more memory"] * 3
     shown = tables((tmp_path / "report.md").read_text())["Paired effects"]
-    assert [row["verdict"] for row in shown] == ["no loss", "loss", "inconclusive (~4 more pairs)"]
+    assert [row["test AUC verdict"] for row in shown] == ["no loss", "loss", "inconclusive (~4 more pairs)"]
     assert shown[2]["test AUC [95% CI]"] == "-0.005 [-0.014, +0.004]"
+    assert shown[0]["samples/s [95% CI]"] == "×0.90 [×0.90, ×0.90]"
+    assert shown[0]["peak memory [95% CI]"] == "+20% [+20%, +20%]"
     write_report(
         runs[runs["model.activation"] == "gelu"],
         Selection("no pairs", [], None, tmp_path),
         "sqlite:///none.db",
         tmp_path,
-        0.01,
+        MARGINS,
     )
     assert (tmp_path / "effects.csv").read_text().strip() == ",".join(EFFECT_COLUMNS)  # the header only
 
@@ -282,7 +457,7 @@ def logged_sweep(tmp_path_factory):
         for seed in (0, 1):
             fast = amp == "True"
             epochs = [
-                {"val/auc": 0.7, "val/acc": 0.6, "perf/samples_per_s": 18.0 + 4 * fast * 2 + seed},
+                {"val/auc": 0.7, "val/acc": 0.6, "perf/samples_per_s": 6.0 + 4 * fast * 2 + seed},  # slow start
                 {"val/auc": 0.9, "val/acc": 0.8, "perf/samples_per_s": 22.0 + 4 * fast * 2 + seed},
                 {"val/auc": 0.9, "val/acc": 0.5, "perf/samples_per_s": 20.0 + 4 * fast * 2 + seed},
             ]
@@ -320,7 +495,8 @@ def test_report_of_a_sweep_folder_tabulates_plots_and_logs_to_the_parent_run(log
     assert configs["true"]["test/auc"] == "0.830 ± 0.014"  # mean and sample std of 0.82 and 0.84
     assert configs["true"]["val/auc"] == "0.900 ± 0.000"  # at the first best epoch (1), where val/acc is 0.8
     assert configs["true"]["val/acc"] == "0.800 ± 0.000"
-    assert configs["false"]["perf/samples_per_s"] == "20.5 ± 0.7"  # mean over epochs of 20 and 21
+    assert configs["false"]["perf/samples_per_s"] == "20.5 ± 0.7"  # over seeds of the epochs' medians, 20 and 21
+    assert "contended" not in configs["false"] and "precision" not in configs["false"]  # runs logged before either
     assert configs["true"]["mem/peak_mb"] == "60 ± 0" and configs["true"]["Pareto"] == "yes"
     assert configs["false"]["Pareto"] == ""  # slower and larger than amp=true
     effects = found["Paired effects"]
@@ -328,23 +504,58 @@ def test_report_of_a_sweep_folder_tabulates_plots_and_logs_to_the_parent_run(log
         {
             "comparison": "amp=true vs false",
             "pairs": "2",
-            "samples/s": "×1.39",
-            "peak memory": "-40%",
+            "samples/s [95% CI]": "×1.39 [×1.27, ×1.52]",  # 28 / 20 and 29 / 21: runs without steps_timed are kept
+            "samples/s verdict": "faster",
+            "peak memory [95% CI]": "-40% [-40%, -40%]",
+            "peak memory verdict": "less memory",
             "test AUC [95% CI]": "+0.010 [+0.010, +0.010]",
-            "verdict": "no loss",
+            "test AUC verdict": "no loss",
         }
     ]
+    assert "Speed cannot be judged" not in (out / "report.md").read_text()
     failed = found["Not finished"]
     assert [(row["status"], row["amp"], row["batch_size"], row["mem/peak_mb"]) for row in failed] == [
         ("FAILED (oom)", "true", "64", "5000")
     ]
-    assert len(found["Finished runs"]) == 4
+    assert [(row["perf/steps_timed"], row["contended"]) for row in found["Finished runs"]] == [("-", "")] * 4
     with open(out / "runs.csv") as file:
         assert len(list(csv.DictReader(file))) == 5
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 2 and "amp=true vs false" in html
     logged = {a.path for a in client.list_artifacts(parent, "report")}
     assert logged == {f"report/{name}" for name in REPORT_FILES}
+
+
+def test_runs_that_log_their_median_steps_and_tags_are_read_from_them(logged_sweep, tmp_path):
+    client, _, _, store = logged_sweep
+    experiment_id = client.create_experiment("smoke", artifact_location=str(tmp_path / "artifacts"))
+    for amp in ("True", "False"):
+        for seed in (0, 1):
+            log_run(
+                client,
+                experiment_id,
+                {"amp": amp, "seed": str(seed)},
+                [{"val/auc": 0.8, "perf/samples_per_s": rate, "perf/others_cpu": 0.0} for rate in (1.0, 2.0, 3.0)],
+                {
+                    "test/auc": 0.8,
+                    "mem/peak_mb": 100.0,
+                    "perf/samples_per_s_median": 50.0 * (1 + (amp == "True")) + seed,
+                    "perf/steps_timed": 3.0,  # epochs=1 limit_batches=2 and more: a smoke run
+                },
+                tags={"perf.contended": "false", "amp.dtype": "float32"},  # amp=true fell back on this CPU
+            )
+    out = report(report_config("mlflow.experiment=smoke", f"mlflow.tracking_uri={store}", f"out={tmp_path}/smoke"))
+    frame = pd.read_csv(out / "runs.csv")
+    assert sorted(frame["perf/samples_per_s"]) == [50.0, 51.0, 100.0, 101.0]  # the logged median, not the epochs'
+    assert set(frame["perf/steps_timed"]) == {3.0} and set(frame["amp.dtype"]) == {"float32"}
+    assert not frame["perf.contended"].any()
+    markdown = (out / "report.md").read_text()
+    assert "swept: `amp`, `seed`;" in markdown  # tags are no params
+    assert markdown.count(f"Speed cannot be judged: of 4 finished runs, 4 timed fewer than {MIN_TIMED_STEPS}") == 1
+    found = tables(markdown)
+    assert [row["precision"] for row in found["Configurations"]] == ["float32", "float32"]  # amp swept: shown
+    assert found["Paired effects"][0]["samples/s verdict"] == "cannot judge speed (2 too few timed steps)"
+    assert [row["perf/steps_timed"] for row in found["Finished runs"]] == ["3"] * 4
 
 
 def test_an_experiment_is_reported_without_logging_anywhere(logged_sweep, tmp_path, caplog):

@@ -1,24 +1,29 @@
 """``dry_run=true``: what each job would do, one line per job on stdout, then a total; nothing trains, nothing is
 logged, the MLflow store is left as it is (a missing SQLite database is not created).
 
-    job 0: model=resnet18 seed=0 | run | peak 512 MiB at batch 32 | ~3.2 min (from 2 finished runs)
+    job 0: model=resnet18 seed=0 | run | peak 512 MiB at batch 32 | ~3.2 min (from 2 finished runs, 3.1-3.3)
     job 1: model=resnet18 seed=1 | skip: finished run 4f1c... | peak 512 MiB at batch 32 | 0 min
-    total: 1 to run, 1 to skip | ~3.2 min | largest peak 512 MiB
+    job 2: model=resnet34 seed=0 | run | peak 705 MiB at batch 32 | ~6.1 min ±7% (timed 5 steps)
+    total: 2 to run, 1 to skip | ~9.3 min | largest peak 705 MiB
 
 A line gives the job's number, its run name (the overrides that change results), what it would do (``run``,
 ``resume run <id>``, or ``skip: finished run <id>``: the FINISHED run ``skip_finished`` found), the predicted
-``mem/peak_mb`` (:func:`src.perf.memory.predict`) at the micro-batch the job trains with (``batch_size=auto``: the
-one the predictor picks, unprobed; ``derived``: computed), and the estimated time of training and evaluation
-(start-up and checkpoint writes not counted; ``epochs`` in full, early stopping unknown). The estimate divides the
-samples the job trains (epochs x steps x effective batch, ``limit_batches`` respected) plus :data:`EVAL_COST` per
-sample it evaluates by a training rate in samples/s, which comes from, in this order:
+``mem/peak_mb`` (:func:`src.perf.memory.predict`, kept in :mod:`src.perf.memory_cache`) at the micro-batch the job
+trains with (``batch_size=auto``: the one the predictor picks, unprobed; ``derived``: computed), and the estimated
+time of training and evaluation (start-up and checkpoint writes not counted; ``epochs`` in full, early stopping
+unknown) with its basis and spread. The estimate divides the samples the job trains (epochs x steps x effective
+batch, ``limit_batches`` respected) plus :data:`EVAL_COST` per sample it evaluates by a training rate in samples/s,
+which comes from, in this order:
 
-* ``from N finished runs``: the median ``perf/samples_per_s`` (last epoch) of the FINISHED runs of the experiment
-  that trained on this host, device type and thread count with the same speed-relevant params: all but
-  :data:`NOT_SPEED` (seed, epochs, learning rate, dataset name, ...), micro-batch, accumulation and ranks included.
-* ``timed N steps``: :data:`TIMED_STEPS` optimizer steps of the job's model on random batches of its shape, after
-  one warm-up step, measured as training measures ``perf/samples_per_s`` (once per process for each signature;
-  DDP: one rank timed, the others taken as fast).
+* ``from N finished runs, LOW-HIGH``: the median ``perf/samples_per_s`` (last epoch) of the FINISHED runs of the
+  experiment that trained on this host, device type and thread count with the same speed-relevant params (all but
+  :data:`NOT_SPEED`: seed, epochs, learning rate, dataset name, ...; micro-batch, accumulation and ranks included);
+  LOW-HIGH: the job's minutes at the fastest and the slowest of them.
+* ``±S% (timed N steps)``: the job's shape (those params, AMP as the dtype it resolves to) timed once on this
+  machine over N steps on random batches, after a warm-up one, as :mod:`src.perf.step_timing` rules (S: the 95%
+  interval of the mean step time) and caches for later dry runs and other processes; a step is timed as
+  ``accumulate`` x one micro-step + one optimizer step (the micro-steps of an accumulation do the same work);
+  ``, machine busy``: other processes used the CPU meanwhile. DDP: one rank timed, the others taken as fast.
 
 With ``-m`` each job leaves its figures in ``<sweep dir>/dry_run/<job>.json`` (jobs may run in other processes:
 joblib, submitit) and :class:`DryRunTotal` prints the total at the sweep's end; a single run prints its own.
@@ -27,18 +32,20 @@ joblib, submitit) and :class:`DryRunTotal` prints the total at the sweep's end; 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-import cachetools
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
+from mlflow.entities import Run
 from omegaconf import DictConfig
 
 from src.atomic import atomic_path
@@ -49,23 +56,27 @@ from src.jobs.resume import Resume
 from src.parallel import dist
 from src.parallel.launch import job_gpus
 from src.parallel.ranks import job_world, seed_everything, thread_count
-from src.perf.memory import predict
+from src.perf.memory import autocast_dtype
+from src.perf.memory_cache import predicted
+from src.perf.step_timing import step_time
 from src.resolve import check_split_sizes
 from src.tracking.identity import NOT_HASHED
 from src.tracking.runs import host
 from src.tracking.store import check_store, finished_runs
 from src.training.build import build_trainer
+from src.training.meters import MIN_TIMED_STEPS, synchronize
 from src.training.trainer import steps_per_epoch
 
 EVAL_COST = 1 / 3  # an evaluated sample costs a third of a trained one: a forward, where training adds a backward (~2)
-TIMED_STEPS = 3  # optimizer steps timed, after ThroughputMeter's warm-up step
 RATE = "perf/samples_per_s"
+MEDIAN_RATE = "perf/samples_per_s_median"  # over the timed epochs; runs logged before it have the last epoch's only
 NOT_SPEED = (  # params that do not change the time per sample (device and threads are compared through tags)
     *NOT_HASHED,
     "seed",
     "epochs",
     "limit_batches",
     "early_stop_patience",
+    "select_by",
     "warmup_epochs",
     "optim.lr",
     "optim.betas",
@@ -88,8 +99,8 @@ FOLDER = "dry_run"  # in the sweep folder: one <job>.json per job
 
 @dataclasses.dataclass(frozen=True)
 class Listed:
-    """One job of a dry run: ``action`` is ``run``, ``resume run <id>`` or ``skip: finished run <id>``; ``minutes`` 0
-    and ``source`` empty for a skip."""
+    """One job of a dry run: ``action`` is ``run``, ``resume run <id>`` or ``skip: finished run <id>``; ``estimate``
+    the line's text for its ``minutes`` (``0 min`` for a skip)."""
 
     job: int
     name: str
@@ -97,16 +108,36 @@ class Listed:
     batch_size: int
     peak_mb: float
     minutes: float
-    source: str
+    estimate: str
 
     @property
     def runs(self) -> bool:
         return not self.action.startswith("skip")
 
     def line(self) -> str:
-        estimate = f"~{rounded(self.minutes)} min ({self.source})" if self.runs else "0 min"
         peak = f"peak {self.peak_mb:.0f} MiB at batch {self.batch_size}"
-        return f"job {self.job}: {self.name} | {self.action} | {peak} | {estimate}"
+        return f"job {self.job}: {self.name} | {self.action} | {peak} | {self.estimate}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Rate:
+    """A training rate in samples/s and its basis: a timing (``spread``: the 95% interval's half-width, relative) or
+    finished runs (``runs``: their rates)."""
+
+    per_s: float
+    basis: str
+    spread: float | None = None
+    runs: tuple[float, ...] = ()
+
+    def estimate(self, minutes: float) -> str:
+        """The line's estimate of ``minutes`` at this rate: ``~12 min ±8% (timed 14 steps)``, ``~12 min (from 3
+        finished runs, 11-13)`` (the minutes at the fastest and the slowest run), ``~12 min (from 1 finished run)``."""
+        if self.spread is not None:
+            return f"~{rounded(minutes)} min ±{100 * self.spread:.0f}% ({self.basis})"
+        if len(self.runs) == 1:
+            return f"~{rounded(minutes)} min ({self.basis})"
+        low, high = (rounded(minutes * self.per_s / rate) for rate in (max(self.runs), min(self.runs)))
+        return f"~{rounded(minutes)} min ({self.basis}, {low}-{high})"
 
 
 def rounded(minutes: float) -> str:
@@ -136,15 +167,15 @@ def report(plan: Plan, external: dist.Rank | None) -> float:
         world = job_world(plan.cfg, gpus, external)
         cfg = sized(plan, world, probe=False)[0]
         if plan.finished:
-            action, minutes, source = f"skip: finished run {plan.finished.info.run_id}", 0.0, ""
+            action, minutes, estimate = f"skip: finished run {plan.finished.info.run_id}", 0.0, "0 min"
         else:
             check_split_sizes(cfg, world)
-            rate, source = training_rate(plan, cfg, gpus, world)
+            rate = training_rate(plan, cfg, gpus, world)
             action = f"resume run {plan.resume.run_id}" if plan.resume else "run"
-            minutes = job_seconds(cfg, world, rate, plan.resume) / 60
-        listed = Listed(
-            plan.job_num, plan.run_name, action, cfg.batch_size, predict(cfg, plan.device).total_mb, minutes, source
-        )
+            minutes = job_seconds(cfg, world, rate.per_s, plan.resume) / 60
+            estimate = rate.estimate(minutes)
+        peak = predicted(cfg, plan.device).total_mb
+        listed = Listed(plan.job_num, plan.run_name, action, cfg.batch_size, peak, minutes, estimate)
     print(listed.line(), flush=True)
     if plan.multirun:
         with atomic_path(Path(HydraConfig.get().sweep.dir, FOLDER, f"{plan.job_num}.json")) as partial:
@@ -159,9 +190,16 @@ def ranks_on_node(cfg: Config, world: int) -> int:
     return int(os.environ.get("LOCAL_WORLD_SIZE", world if cfg.parallel.mode is ParallelMode.ddp else 1))
 
 
-def training_rate(plan: Plan, cfg: Config, gpus: tuple[int, ...], world: int) -> tuple[float, str]:
-    """Training samples/s of ``cfg`` on ``world`` ranks, and where it came from: the finished runs with the same
-    speed-relevant params on this host, device type and thread count, else a short timing."""
+def comparable(run: Run) -> bool:
+    """Whether a finished run's speed is a basis: not contended, and enough steps timed (runs logged before these
+    were recorded count)."""
+    steps = run.data.metrics.get("perf/steps_timed", MIN_TIMED_STEPS)
+    return run.data.tags.get("perf.contended") != "true" and steps >= MIN_TIMED_STEPS
+
+
+def training_rate(plan: Plan, cfg: Config, gpus: tuple[int, ...], world: int) -> Rate:
+    """Training samples/s of ``cfg`` on ``world`` ranks: from the finished runs with the same speed-relevant params on
+    this host, device type and thread count, else from its shape's step time (cached, or timed now)."""
     threads = thread_count(cfg, ranks_on_node(cfg, world))
     speed = {k: v for k, v in plan.run_params(cfg, world).items() if not k.startswith(NOT_SPEED)}
     found = finished_runs(
@@ -170,35 +208,48 @@ def training_rate(plan: Plan, cfg: Config, gpus: tuple[int, ...], world: int) ->
         f"params.`model.name` = '{cfg.model.name}' and tags.host = '{host()}'",
     )
     rates = [
-        run.data.metrics[RATE]
+        run.data.metrics.get(MEDIAN_RATE, run.data.metrics[RATE])
         for run in found
         if RATE in run.data.metrics
+        and comparable(run)
         and run.data.tags.get("device", "").split(":")[0] == plan.device.type
         and run.data.tags.get("num_threads") == str(threads)
         and all(run.data.params.get(key) == value for key, value in speed.items())
     ]
     if rates:
-        return statistics.median(rates), f"from {len(rates)} finished run{'s' if len(rates) > 1 else ''}"
-    signature = (plan.device.type, threads, tuple(sorted(speed.items())))
-    return timed_rate(signature, cfg, plan.device, gpus, world), f"timed {TIMED_STEPS} steps"
+        basis = f"from {len(rates)} finished run{'s' if len(rates) > 1 else ''}"
+        return Rate(statistics.median(rates), basis, runs=tuple(rates))
+    precision = str(autocast_dtype(cfg, plan.device) or torch.float32)  # amp=true resolved to float32 trains as false
+    shape = {k: v for k, v in speed.items() if k not in ("amp", "amp_dtype")} | {"precision": precision}
+    timing = step_time(shape, plan.device, threads, lambda: one_step(cfg, plan.device, gpus, world))
+    basis = f"timed {timing.steps} steps{', machine busy' if timing.busy else ''}"
+    return Rate(cfg.batch_size * cfg.accumulate * world / timing.seconds, basis, spread=timing.spread)
 
 
-@cachetools.cached(cachetools.LRUCache(maxsize=16), key=lambda signature, *args: signature)
-def timed_rate(signature: tuple, cfg: Config, device: torch.device, gpus: tuple[int, ...], world: int) -> float:
-    """Samples/s of :data:`TIMED_STEPS` training steps of ``cfg`` after a warm-up one, on random batches of its
-    shape, with its threads and determinism (``seed_everything``); DDP: one rank's rate times ``world``. Once per
-    process for each ``signature`` (device type, threads, speed-relevant params)."""
-    ddp = cfg.parallel.mode is ParallelMode.ddp
+def one_step(cfg: Config, device: torch.device, gpus: tuple[int, ...], world: int) -> Callable[[], float]:
+    """A function timing one optimizer step of ``cfg`` per call, in seconds: one micro-step (a random batch of its
+    shape, augmented, forward and backward) and one optimizer step, each timed to the device's end, as
+    ``accumulate`` x the micro-step + the optimizer step; with its threads and determinism (``seed_everything``);
+    DDP and DP: one device's step."""
     seed_everything(cfg, ranks_on_node(cfg, world))
-    micro = (1 + TIMED_STEPS) * cfg.accumulate
-    timed = dataclasses.replace(
-        cfg, epochs=1, warmup_epochs=0, limit_batches=micro, class_weights=False, fault=FaultConfig()
-    )
-    n = micro * cfg.batch_size * (1 if ddp else world)  # parallel=dp: one loader batch spans the GPUs
+    timed = dataclasses.replace(cfg, epochs=1, warmup_epochs=0, class_weights=False, fault=FaultConfig())
     data = cfg.data
+    n = cfg.batch_size * (1 if cfg.parallel.mode is ParallelMode.ddp else world)  # parallel=dp: a batch spans GPUs
     images = torch.randint(0, 256, (n, data.in_channels, *[data.size] * 3), dtype=torch.uint8)
-    trainer = build_trainer(timed, device, gpus=gpus, splits={"train": (images, torch.arange(n) % data.num_classes)})
-    return trainer.train_epoch(0)[RATE] * (world if ddp else 1)
+    labels = torch.arange(n) % data.num_classes
+    trainer = build_trainer(timed, device, gpus=gpus, splits={"train": (images, labels)})
+    micro_steps = itertools.count()
+
+    def step() -> float:
+        start = time.perf_counter()
+        trainer._micro_step(*trainer._train_batch((images, labels), 0, next(micro_steps)))
+        synchronize(device)
+        middle = time.perf_counter()
+        trainer._optimizer_step()
+        synchronize(device)
+        return cfg.accumulate * (middle - start) + time.perf_counter() - middle
+
+    return step
 
 
 def job_seconds(cfg: Config, world: int, rate: float, resume: Resume | None = None) -> float:

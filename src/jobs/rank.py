@@ -34,6 +34,7 @@ from src.tracking.store import ensure_store
 from src.tracking.system_metrics import system_metrics
 from src.training import checkpoint
 from src.training.build import build_trainer
+from src.training.meters import MIN_TIMED_STEPS
 from src.training.metrics import class_names, write_eval_artifacts
 from src.training.mfu import Mfu
 from src.training.trainer import Hooks
@@ -178,7 +179,23 @@ def train_rank(job: Job, rank: dist.Rank, device: torch.device, preemption: Pree
         )
         checkpoint.save_weights(trainer.best_state, job.output_dir / checkpoint.BEST_FILE)
         (job.output_dir / METRICS_FILE).write_text(json.dumps(final, indent=2))
+        tag_speed_basis(run, trainer, final)
     return final
+
+
+def tag_speed_basis(run: RunLogger, trainer, final: dict[str, float]) -> None:
+    """Tag ``perf.contended`` and say when the run timed too few steps, or was contended, for its speed to compare."""
+    run.set_tags({"perf.contended": str(trainer.contended).lower()})
+    steps = final.get("perf/steps_timed", 0)
+    if steps < MIN_TIMED_STEPS:
+        log.warning(
+            "only %d steps timed (fewer than %d): this run's speed is no basis for comparison", steps, MIN_TIMED_STEPS
+        )
+    if trainer.contended:
+        log.warning(
+            "other processes shared the machine while this run trained (perf/others_cpu): its speed is "
+            "no basis for comparison; the run is tagged perf.contended=true"
+        )
 
 
 def tested(run: RunLogger, trainer, splits: dict, test_set, metrics: dict[str, float], step: int) -> None:

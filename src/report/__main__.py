@@ -1,4 +1,5 @@
-"""python -m src.report sweep=<folder | parent run id> [margin=0.01]: see :mod:`src.report.writer`."""
+"""python -m src.report sweep=<folder | parent run id> [margin=0.01 speed_margin=0.05 memory_margin=0.05]: see
+:mod:`src.report.writer`."""
 
 from omegaconf import DictConfig, OmegaConf
 

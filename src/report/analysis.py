@@ -1,13 +1,16 @@
 """Pure pandas over a sweep's runs: which parameters were swept, means over seeds, the Pareto front, paired effects
-and whether a switch costs accuracy.
+and whether a switch buys speed or memory and whether it costs accuracy.
 
 A runs frame has one row per run: its params as strings (columns named like MLflow's, ``amp``,
-``model.name``) and its metrics as floats (``test/auc``, ``perf/samples_per_s``, ``mem/peak_mb`` ...).
+``model.name``), its metrics as floats (``test/auc``, ``perf/samples_per_s``, ``mem/peak_mb`` ...) and, where
+recorded, whether it was contended and its precision (:data:`CONTENDED`, :data:`DTYPE`).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -17,8 +20,105 @@ from src.tracking.identity import NOT_HASHED
 
 SEED = "seed"
 THROUGHPUT, MEMORY, AUC = "perf/samples_per_s", "mem/peak_mb", "test/auc"
-NO_LOSS, LOSS, INCONCLUSIVE = "no loss", "loss", "inconclusive"
-MAX_PAIRS = 10**9  # more_pairs beyond this: the mean sits at -margin (to float rounding), no sweep would settle it
+STEPS_TIMED, CONTENDED, DTYPE = "perf/steps_timed", "perf.contended", "amp.dtype"  # a metric, two tags
+MIN_TIMED_STEPS = 20  # a run that timed fewer steps (a smoke run) is no basis for speed; as the trainer's warning
+NO_LOSS, LOSS, INCONCLUSIVE, NO_DIFFERENCE = "no loss", "loss", "inconclusive", "no difference"
+CANNOT_JUDGE_SPEED = "cannot judge speed"
+MAX_PAIRS = 10**9  # more_pairs beyond this: the mean sits at a boundary (to float rounding), no sweep would settle it
+
+
+@dataclass(frozen=True)
+class Effect:
+    """What a switch is judged on: the column of its pairs (:func:`pairs`), its columns in :data:`EFFECT_COLUMNS`
+    (``margin`` is also its ``ReportConfig`` key) and its verdicts (:func:`verdict`). A ratio is judged on its logs
+    and shown as a geometric mean; ``timed`` effects count only the pairs whose runs were timed fairly."""
+
+    pair: str
+    mean: str
+    lo: str
+    hi: str
+    verdict: str
+    more_pairs: str
+    margin: str
+    above: str
+    below: str
+    inside: str
+    undefined: str  # why a bound is NaN from 2+ pairs
+    label: str
+    show: Callable[[float], str]
+    ratio: bool = False
+    timed: bool = False
+    pairs: str = "pairs"
+
+    def edges(self, margin: float) -> tuple[float, float]:
+        """The band of ``no difference``: [1/(1 + margin), 1 + margin] for a ratio; the line at -margin for a
+        difference (no band: an interval exactly on it stays inconclusive)."""
+        return (1 / (1 + margin), 1 + margin) if self.ratio else (-margin, -margin)
+
+    def scale(self, values: np.ndarray) -> np.ndarray:
+        """Where the interval is taken: the log of a ratio (0 -> -inf), a difference as it is."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.log(values) if self.ratio else values
+
+    def unscale(self, value: float) -> float:
+        return float(np.exp(value)) if self.ratio else float(value)
+
+    def text(self, value: float) -> str:
+        """``×1.39``, ``-40%``, ``+0.004``; ``-`` when undefined."""
+        return self.show(value) if np.isfinite(value) else "-"
+
+
+SPEED_EFFECT = Effect(
+    pair="speed_ratio",
+    mean="speed_ratio",
+    lo="speed_lo",
+    hi="speed_hi",
+    verdict="speed_verdict",
+    more_pairs="speed_more_pairs",
+    margin="speed_margin",
+    above="faster",
+    below="slower",
+    inside=NO_DIFFERENCE,
+    undefined="a samples/s is missing",
+    label="samples/s",
+    show=lambda r: f"×{r:.2f}",
+    ratio=True,
+    timed=True,
+    pairs="speed_pairs",
+)
+MEMORY_EFFECT = Effect(
+    pair="memory_ratio",
+    mean="memory_ratio",
+    lo="memory_lo",
+    hi="memory_hi",
+    verdict="memory_verdict",
+    more_pairs="memory_more_pairs",
+    margin="memory_margin",
+    above="more memory",
+    below="less memory",
+    inside=NO_DIFFERENCE,
+    undefined="a peak memory is missing or 0",
+    label="peak memory",
+    show=lambda r: f"{(r - 1) * 100:+.0f}%",
+    ratio=True,
+)
+AUC_EFFECT = Effect(
+    pair="dauc",
+    mean="dauc_mean",
+    lo="dauc_lo",
+    hi="dauc_hi",
+    verdict="verdict",
+    more_pairs="more_pairs",
+    margin="margin",
+    above=NO_LOSS,
+    below=LOSS,
+    inside=INCONCLUSIVE,
+    undefined="a test AUC is missing",
+    label="test AUC",
+    show=lambda d: f"{d:+.3f}",
+)
+EFFECTS = (SPEED_EFFECT, MEMORY_EFFECT, AUC_EFFECT)
+LEFT_OUT = {"contended": "contended", "few_steps": "too few timed steps"}  # pair column: why it left speed out
 EFFECT_COLUMNS = [
     "param",
     "value",
@@ -32,6 +132,19 @@ EFFECT_COLUMNS = [
     "verdict",
     "more_pairs",
     "margin",
+    "speed_lo",
+    "speed_hi",
+    "speed_verdict",
+    "speed_more_pairs",
+    "speed_pairs",
+    "contended_pairs",
+    "few_steps_pairs",
+    "speed_margin",
+    "memory_lo",
+    "memory_hi",
+    "memory_verdict",
+    "memory_more_pairs",
+    "memory_margin",
 ]
 DERIVED = {"effective_batch_size": ["batch_size", "accumulate", "world_size"]}  # a param: the params it follows
 
@@ -84,7 +197,8 @@ def short_name(param: str) -> str:
 
 
 def aggregate(runs: pd.DataFrame, keys: list[str], metrics: list[str]) -> pd.DataFrame:
-    """One row per combination of ``keys``: ``n`` runs and each metric's mean and std (``<metric> std``).
+    """One row per combination of ``keys``: ``n`` runs, each metric's mean and std (``<metric> std``) and, where the
+    runs carry them, how many were contended (:data:`CONTENDED`) and the precisions used (:data:`DTYPE`, ``a/b``).
 
     A NaN in any run (a diverged seed, an AUC undefined on a one-class split) makes its combination's mean and
     std NaN rather than a mean of the other runs that ``n`` would misstate.
@@ -94,6 +208,10 @@ def aggregate(runs: pd.DataFrame, keys: list[str], metrics: list[str]) -> pd.Dat
     grouped = runs.groupby(keys, dropna=False, sort=False)
     table = grouped[metrics].mean(skipna=False).join(grouped[metrics].std(skipna=False).add_suffix(" std"))
     table.insert(0, "n", grouped.size())
+    if CONTENDED in runs:
+        table[CONTENDED] = grouped[CONTENDED].sum()
+    if DTYPE in runs:
+        table[DTYPE] = grouped[DTYPE].agg(lambda dtypes: "/".join(sorted(set(dtypes) - {""})))
     table = table.reset_index().drop(columns="_all", errors="ignore")
     order = sorted(range(len(table)), key=lambda i: [natural_key(str(table.at[i, k])) for k in keys if k != "_all"])
     return table.iloc[order].reset_index(drop=True)
@@ -111,12 +229,24 @@ def pareto_front(throughput: np.ndarray, memory: np.ndarray, auc: np.ndarray) ->
     return ~dominates.any(axis=1)
 
 
+def unfit_for_speed(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per run, why its samples/s is no basis for comparison (:data:`LEFT_OUT`): ``contended`` (tagged
+    ``perf.contended=true``), ``few_steps`` (fewer than :data:`MIN_TIMED_STEPS` steps timed). A run logged before
+    these were recorded is neither."""
+    return pd.DataFrame(
+        {"contended": runs.get(CONTENDED, False), "few_steps": runs.get(STEPS_TIMED, np.nan) < MIN_TIMED_STEPS},
+        index=runs.index,
+    )
+
+
 def pairs(runs: pd.DataFrame, swept: list[str], param: str) -> pd.DataFrame:
     """Runs that differ only in ``param``: each value against the baseline (the first in natural order).
 
     Columns: ``value``, ``baseline``, ``speed_ratio`` (samples/s) and ``memory_ratio`` (peak memory), value over
-    baseline, ``dauc`` (test AUC, value minus baseline), one row per pair.
+    baseline, ``dauc`` (test AUC, value minus baseline), and ``contended``, ``few_steps``: whether either run is
+    (:func:`unfit_for_speed`); one row per pair.
     """
+    runs = runs.join(unfit_for_speed(runs))
     values = sorted(runs[param].unique(), key=natural_key)
     others = [c for c in swept if c != param]
     base = runs[runs[param] == values[0]]
@@ -135,6 +265,7 @@ def pairs(runs: pd.DataFrame, swept: list[str], param: str) -> pd.DataFrame:
                     "speed_ratio": joined[THROUGHPUT] / joined[f"{THROUGHPUT} base"],
                     "memory_ratio": joined[MEMORY] / joined[f"{MEMORY} base"],
                     "dauc": joined[AUC] - joined[f"{AUC} base"],
+                    **{flag: joined[flag] | joined[f"{flag} base"] for flag in LEFT_OUT},
                 }
             )
         )
@@ -149,57 +280,78 @@ def paired_effects(runs: pd.DataFrame, swept: list[str]) -> pd.DataFrame:
     found = [
         pairs(runs, swept, param).assign(param=param) for param in swept if param != SEED and runs[param].nunique() > 1
     ]
-    columns = ["param", "value", "baseline", "speed_ratio", "memory_ratio", "dauc"]
+    columns = ["param", "value", "baseline", "speed_ratio", "memory_ratio", "dauc", *LEFT_OUT]
     return pd.concat(found, ignore_index=True)[columns] if found else pd.DataFrame(columns=columns)
 
 
-def summarize_effects(found: pd.DataFrame, margin: float) -> pd.DataFrame:
-    """One row per comparison, :data:`EFFECT_COLUMNS`: ``pairs``, geometric means of the ratios and the test-AUC
-    difference judged against ``margin`` (:func:`auc_interval`)."""
+def summarize_effects(found: pd.DataFrame, margins: Mapping[str, float]) -> pd.DataFrame:
+    """One row per comparison, :data:`EFFECT_COLUMNS`: ``pairs``, the pairs left out of speed (``contended_pairs``,
+    ``few_steps_pairs``; one pair may count in both) and each of :data:`EFFECTS` judged against its margin
+    (:func:`judge`; ``margins`` by :attr:`Effect.margin`: ``margin``, ``speed_margin``, ``memory_margin``)."""
     rows = [
         {
             "param": param,
             "value": value,
             "baseline": baseline,
             "pairs": len(group),
-            "speed_ratio": geometric_mean(group["speed_ratio"]),
-            "memory_ratio": geometric_mean(group["memory_ratio"]),
-            **auc_interval(group["dauc"], margin),
-            "margin": margin,
+            **{f"{flag}_pairs": int(group[flag].sum()) for flag in LEFT_OUT},
+            **{key: v for effect in EFFECTS for key, v in judge(group, effect, margins[effect.margin]).items()},
+            **{effect.margin: margins[effect.margin] for effect in EFFECTS},
         }
         for (param, value, baseline), group in found.groupby(["param", "value", "baseline"], sort=False)
     ]
-    return pd.DataFrame(rows, columns=EFFECT_COLUMNS).astype({"pairs": int, "more_pairs": "Int64"})
+    counts = {"pairs": int, "speed_pairs": int, "contended_pairs": int, "few_steps_pairs": int}
+    return pd.DataFrame(rows, columns=EFFECT_COLUMNS).astype(
+        {**counts, **{effect.more_pairs: "Int64" for effect in EFFECTS}}
+    )
 
 
-def verdict(lo: float, hi: float, margin: float) -> str:
-    """``no loss`` when the whole interval lies above ``-margin``, ``loss`` when it lies below, else
+def judge(group: pd.DataFrame, effect: Effect, margin: float) -> dict:
+    """``effect`` over a comparison's pairs, counted in :attr:`Effect.pairs`: :func:`interval`; a timed one (speed)
+    only over the pairs whose runs are fit to time (:func:`unfit_for_speed`), ``cannot judge speed`` when none is."""
+    kept = group[~group[list(LEFT_OUT)].any(axis=1)] if effect.timed else group
+    if kept.empty:
+        return {effect.pairs: 0, effect.verdict: CANNOT_JUDGE_SPEED}
+    return {effect.pairs: len(kept), **interval(kept[effect.pair], effect, margin)}
+
+
+def verdict(lo: float, hi: float, effect: Effect, margin: float) -> str:
+    """Where the interval [lo, hi] lies against :meth:`Effect.edges`: wholly above the band (``effect.above``:
+    ``faster``, ``no loss``), below it (``effect.below``), inside it (``effect.inside``: ``no difference``), else
     ``inconclusive`` (NaN bounds included)."""
-    return NO_LOSS if lo > -margin else LOSS if hi < -margin else INCONCLUSIVE
+    low, high = effect.edges(margin)
+    if lo > high:
+        return effect.above
+    if hi < low:
+        return effect.below
+    return effect.inside if low <= lo and hi <= high else INCONCLUSIVE
 
 
-def auc_interval(differences: pd.Series, margin: float) -> dict:
-    """The mean of paired test-AUC differences with its 95% Student-t interval (NaN bounds from one pair, all NaN
-    when a difference is), the :func:`verdict` and, when inconclusive, :func:`more_pairs`."""
-    d = differences.to_numpy(float)
-    n, mean = len(d), d.mean()
-    sd = d.std(ddof=1) if n > 1 else np.nan
-    half = stats.t.ppf(0.975, n - 1) * sd / np.sqrt(n)
-    found = verdict(mean - half, mean + half, margin)
+def interval(values: pd.Series, effect: Effect, margin: float) -> dict:
+    """The mean of paired values (geometric for ratios) with its 95% Student-t interval (taken on the log ratios;
+    NaN bounds from one pair, all NaN when a value is), the :func:`verdict` and, when inconclusive,
+    :func:`more_pairs` to clear the nearest edge of the band."""
+    x = effect.scale(values.to_numpy(float))
+    n = len(x)
+    with np.errstate(invalid="ignore"):  # inf - inf: a ratio with a 0 peak
+        mean, sd = x.mean(), x.std(ddof=1) if n > 1 else np.nan
+        half = stats.t.ppf(0.975, n - 1) * sd / np.sqrt(n)
+        gap = np.abs(mean - effect.scale(np.array(effect.edges(margin)))).min()
+    lo, hi = effect.unscale(mean - half), effect.unscale(mean + half)
+    found = verdict(lo, hi, effect, margin)
     return {
-        "dauc_mean": mean,
-        "dauc_lo": mean - half,
-        "dauc_hi": mean + half,
-        "verdict": found,
-        "more_pairs": more_pairs(n, mean, sd, margin) if found == INCONCLUSIVE else None,
+        effect.mean: effect.unscale(mean),
+        effect.lo: lo,
+        effect.hi: hi,
+        effect.verdict: found,
+        effect.more_pairs: more_pairs(n, sd, gap) if found == INCONCLUSIVE else None,
     }
 
 
-def more_pairs(n: int, mean: float, sd: float, margin: float) -> int | None:
-    """Pairs to add to ``n`` for the 95% interval to clear ``-margin`` if mean and sd stay: the smallest N with
-    t_{0.975,N-1} * sd / sqrt(N) < |mean + margin|, less n (0: it already does). None when no number can be said:
-    one pair (sd unknown), a NaN, or a mean at ``-margin`` (beyond :data:`MAX_PAIRS`: none would do)."""
-    gap = abs(mean + margin)
+def more_pairs(n: int, sd: float, gap: float) -> int | None:
+    """Pairs to add to ``n`` for the 95% interval to clear an edge ``gap`` from the mean if mean and sd stay: the
+    smallest N with t_{0.975,N-1} * sd / sqrt(N) < gap, less n (0: it already does). None when no number can be
+    said: one pair (sd unknown), a NaN, or a mean on the edge (beyond :data:`MAX_PAIRS`: none would do)."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         enough = (stats.t.ppf(0.975, n - 1) * np.float64(sd) / gap) ** 2  # any N above it will do: t falls with N
     if not enough < MAX_PAIRS:
@@ -211,23 +363,27 @@ def more_pairs(n: int, mean: float, sd: float, margin: float) -> int | None:
     return many - n
 
 
-def verdict_text(effect) -> str:
-    """The verdict of a :func:`summarize_effects` row (``itertuples``); if inconclusive, what would settle it."""
-    if effect.verdict != INCONCLUSIVE:
-        return effect.verdict
-    if not pd.isna(effect.more_pairs):
-        return f"{INCONCLUSIVE} (~{effect.more_pairs} more pairs)"
-    if effect.pairs < 2:
+def left_out(effect_row) -> str:
+    """The pairs a :func:`summarize_effects` row (``itertuples``) left out of speed, and why: ``2 contended``."""
+    return ", ".join(f"{n} {why}" for flag, why in LEFT_OUT.items() if (n := getattr(effect_row, f"{flag}_pairs")))
+
+
+def verdict_text(effect_row, effect: Effect) -> str:
+    """``effect``'s verdict in a :func:`summarize_effects` row (``itertuples``); why speed cannot be judged, or if
+    inconclusive, what would settle it."""
+    found = getattr(effect_row, effect.verdict)
+    if found == CANNOT_JUDGE_SPEED:
+        return f"{found} ({left_out(effect_row)})"
+    if found != INCONCLUSIVE:
+        return found
+    more = getattr(effect_row, effect.more_pairs)
+    if not pd.isna(more):
+        return f"{INCONCLUSIVE} (~{more} more pairs)"
+    if getattr(effect_row, effect.pairs) < 2:
         return f"{INCONCLUSIVE} (1 pair: spread unknown)"
-    if pd.isna(effect.dauc_mean):
-        return f"{INCONCLUSIVE} (a test AUC is missing)"
-    return f"{INCONCLUSIVE} (mean at -margin: more seeds would not settle it)"
-
-
-def geometric_mean(ratios: pd.Series) -> float:
-    """0 when a ratio is 0 (a peak of 0 MiB), NaN when one is infinite or missing."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return float(np.exp(np.log(ratios.to_numpy(float)).mean()))
+    if pd.isna(getattr(effect_row, effect.lo)):
+        return f"{INCONCLUSIVE} ({effect.undefined})"
+    return f"{INCONCLUSIVE} (mean on the margin: more seeds would not settle it)"
 
 
 def comparison(param: str, value: str, baseline: str) -> str:

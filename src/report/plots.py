@@ -14,7 +14,20 @@ from matplotlib import ticker  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.transforms import Bbox  # noqa: E402
 
-from src.report.analysis import AUC, MEMORY, THROUGHPUT, comparison, short_name, shown, verdict_text  # noqa: E402
+from src.report.analysis import (  # noqa: E402
+    AUC,
+    AUC_EFFECT,
+    EFFECTS,
+    LEFT_OUT,
+    MEMORY,
+    MEMORY_EFFECT,
+    SPEED_EFFECT,
+    THROUGHPUT,
+    comparison,
+    short_name,
+    shown,
+    verdict_text,
+)
 
 ANNOTATE_ALL_UP_TO = 12  # more configurations than this: only the Pareto front is labelled
 DPI = 150
@@ -165,49 +178,46 @@ def place_labels(ax: plt.Axes, xs: np.ndarray, ys: np.ndarray, texts: dict[int, 
         labels.append(best[2])
 
 
-# (column of paired_effects, of summarize_effects, x label, reference value, value shown on the axis from the
-# column, its label)
+# (effect, x label, reference value, the effect's value as shown on the axis, log scale)
 PANELS = (
-    (
-        "speed_ratio",
-        "speed_ratio",
-        "training samples/s: value / baseline (ratio, log scale)",
-        1.0,
-        lambda r: r,
-        lambda v: f"×{v:.2f}",
-    ),
-    (
-        "memory_ratio",
-        "memory_ratio",
-        "peak memory: change from baseline (%)",
-        0.0,
-        lambda r: (r - 1) * 100,
-        lambda v: f"{v:+.0f}%",
-    ),
-    ("dauc", "dauc_mean", "test AUC: value - baseline (AUC, 0 to 1)", 0.0, lambda d: d, lambda v: f"{v:+.3f}"),
+    (SPEED_EFFECT, "training samples/s: value / baseline (ratio, log scale)", 1.0, lambda r: r, True),
+    (MEMORY_EFFECT, "peak memory: change from baseline (%)", 0.0, lambda r: (r - 1) * 100, False),
+    (AUC_EFFECT, "test AUC: value - baseline (AUC, 0 to 1)", 0.0, lambda d: d, False),
 )
 CI_COLOR, MARGIN_COLOR = "crimson", "darkorange"
 
 
-def paired_effects(found: pd.DataFrame, summary: pd.DataFrame, margin: float, title: str, path: Path) -> None:
+def paired_effects(found: pd.DataFrame, summary: pd.DataFrame, title: str, path: Path) -> None:
     """One row per comparison (``amp=true vs false``), three panels (samples/s ratio, memory change, AUC
-    difference): a bar at the mean over pairs (geometric for ratios), a dot per pair of runs; on the AUC panel the
-    mean's 95% interval, the line at ``-margin`` and, at its right, the verdict."""
+    difference): a bar at the mean over pairs (geometric for ratios) with its 95% interval, a dot per pair of runs
+    (hollow: left out of speed), the margin (the band of ``no difference`` for ratios, the line at ``-margin`` for
+    AUC) and, at the right, the verdicts."""
     comparisons = list(summary[["param", "value", "baseline"]].itertuples(index=False))
     rows = np.arange(len(comparisons))
-    fig, axes = plt.subplots(1, 3, figsize=(13, 1.8 + 0.75 * len(rows)), sharey=True, layout="constrained")
-    for ax, (column, mean_column, xlabel, reference, axis_value, text) in zip(axes, PANELS):
-        means = axis_value(summary[mean_column].to_numpy(float))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 1.8 + 0.85 * len(rows)), sharey=True, layout="constrained")
+    for ax, (effect, xlabel, reference, axis_value, log) in zip(axes, PANELS):
+        means, lo, hi = (axis_value(summary[c].to_numpy(float)) for c in (effect.mean, effect.lo, effect.hi))
         ax.barh(rows, means - reference, left=reference, height=0.5, color="tab:blue", alpha=0.45)
+        ax.errorbar(
+            means, rows, xerr=[means - lo, hi - means], fmt="none", ecolor=CI_COLOR, elinewidth=1.5, capsize=5, zorder=3
+        )
+        low, high = axis_value(np.array(effect.edges(summary[effect.margin].iloc[0])))
+        if low == high:
+            ax.axvline(low, color=MARGIN_COLOR, linestyle="--", linewidth=1.5)
+        else:
+            ax.axvspan(low, high, color=MARGIN_COLOR, alpha=0.15, linewidth=0)
         for row, key in enumerate(comparisons):
             dots = found[
                 (found["param"] == key.param) & (found["value"] == key.value) & (found["baseline"] == key.baseline)
             ]
-            ax.plot(axis_value(dots[column].to_numpy(float)), np.full(len(dots), row), "o", color="black", markersize=4)
+            x = axis_value(dots[effect.pair].to_numpy(float))
+            left = dots[list(LEFT_OUT)].any(axis=1).to_numpy() if effect.timed else np.zeros(len(dots), bool)
+            ax.plot(x[~left], np.full((~left).sum(), row), "o", color="black", markersize=4)
+            ax.plot(x[left], np.full(left.sum(), row), "o", color="0.5", markerfacecolor="none", markersize=4)
             if np.isfinite(means[row]):
                 right = means[row] >= reference
                 ax.annotate(
-                    text(means[row]),
+                    effect.text(summary[effect.mean].iloc[row]),
                     (means[row], row),
                     xytext=(3 if right else -3, 11),
                     textcoords="offset points",
@@ -216,7 +226,7 @@ def paired_effects(found: pd.DataFrame, summary: pd.DataFrame, margin: float, ti
                     bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8},
                 )
         ax.axvline(reference, color="0.3", linewidth=1)
-        if column == "speed_ratio":
+        if log:
             ax.set_xscale("log")
             ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"×{v:g}"))
             ax.xaxis.set_minor_formatter(ticker.NullFormatter())
@@ -224,43 +234,53 @@ def paired_effects(found: pd.DataFrame, summary: pd.DataFrame, margin: float, ti
         ax.set_xlabel(xlabel)
         ax.margins(x=0.2)
         ax.grid(axis="x", alpha=0.3)
-    lo, mean, hi = (summary[c].to_numpy(float) for c in ("dauc_lo", "dauc_mean", "dauc_hi"))
-    axes[2].errorbar(
-        mean, rows, xerr=[mean - lo, hi - mean], fmt="none", ecolor=CI_COLOR, elinewidth=1.5, capsize=5, zorder=3
-    )
-    axes[2].axvline(-margin, color=MARGIN_COLOR, linestyle="--", linewidth=1.5)
     verdicts = axes[2].secondary_yaxis("right")
-    verdicts.set_yticks(rows, [verdict_text(e).replace(" (", "\n(") for e in summary.itertuples()])
+    verdicts.set_yticks(
+        rows,
+        ["\n".join(f"{e.label}: {verdict_text(row, e)}" for e in EFFECTS) for row in summary.itertuples()],
+        fontsize=8,
+    )
     verdicts.tick_params(length=0)
     axes[0].set_yticks(
         rows, [f"{comparison(*key)}\n({n} pair{'s' if n > 1 else ''})" for key, n in zip(comparisons, summary["pairs"])]
     )
     axes[0].set_ylim(len(rows) - 0.4, -0.6)
-    fig.legend(
-        handles=[
-            plt.Rectangle((0, 0), 1, 1, color="tab:blue", alpha=0.45, label="mean over pairs (geometric for ratios)"),
-            Line2D(
-                [],
-                [],
-                marker="o",
-                linestyle="none",
-                color="black",
-                markersize=4,
-                label="one pair of runs that differ only in this switch",
-            ),
-            Line2D([], [], marker="|", color=CI_COLOR, markersize=8, label="95% interval of the mean"),
-            Line2D(
-                [],
-                [],
-                color=MARGIN_COLOR,
-                linestyle="--",
-                label=f"-margin ({-margin:+g} AUC): no loss when the interval is right of it",
-            ),
-        ],
-        loc="outside lower center",
-        ncol=2,
-        fontsize=9,
-    )
+    fig.legend(handles=legend(summary), loc="outside lower center", ncol=3, fontsize=9)
     fig.suptitle(title)
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
+
+
+def legend(summary: pd.DataFrame) -> list:
+    """The paired-effects figure's legend, with the margins ``summary`` was judged against."""
+    speed, memory, auc = (summary[e.margin].iloc[0] for e in EFFECTS)
+    return [
+        plt.Rectangle((0, 0), 1, 1, color="tab:blue", alpha=0.45, label="mean over pairs (geometric for ratios)"),
+        Line2D([], [], marker="|", color=CI_COLOR, markersize=8, label="95% interval of the mean"),
+        Line2D([], [], marker="o", linestyle="none", color="black", markersize=4, label="one pair of runs"),
+        Line2D(
+            [],
+            [],
+            marker="o",
+            linestyle="none",
+            color="0.5",
+            markerfacecolor="none",
+            markersize=4,
+            label="a pair left out of speed (contended, or too few timed steps)",
+        ),
+        plt.Rectangle(
+            (0, 0),
+            1,
+            1,
+            color=MARGIN_COLOR,
+            alpha=0.15,
+            label=f"no difference: ratio in [1/(1 + margin), 1 + margin] (speed {speed:g}, memory {memory:g})",
+        ),
+        Line2D(
+            [],
+            [],
+            color=MARGIN_COLOR,
+            linestyle="--",
+            label=f"-margin ({-auc:+g} AUC): no loss when the interval is right of it",
+        ),
+    ]

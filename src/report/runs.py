@@ -1,5 +1,5 @@
 """The runs a report covers, read from MLflow: a sweep folder's or parent run's children, or an experiment; each
-run's params and metrics as one row (``val/*`` at the best epoch, samples/s averaged over epochs)."""
+run's params, metrics and speed tags as one row (``val/*`` at the best epoch, samples/s the median over epochs)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow
+import numpy as np
 import pandas as pd
 from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
@@ -16,13 +17,14 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
 from src.config import ReportConfig
 from src.errors import UsageError
-from src.report.analysis import AUC, MEMORY, THROUGHPUT
+from src.report.analysis import AUC, CONTENDED, DTYPE, MEMORY, STEPS_TIMED, THROUGHPUT
 from src.tracking.store import search_all
 from src.tracking.sweep import PARENT_ID_FILE, read_parent_id
 
 METRICS = ["test/acc", AUC, "val/acc", "val/auc", THROUGHPUT, MEMORY, "mem/predicted_mb"]
-BEST_EPOCH = ("val/auc", "val/acc")  # read at the epoch with the best val/auc
-MEAN_OVER_EPOCHS = (THROUGHPUT,)
+BEST_EPOCH = ("val/auc", "val/acc")  # read at the epoch the run tested (best_epoch)
+THROUGHPUT_MEDIAN = "perf/samples_per_s_median"  # the median over a run's timed epochs, logged at its end
+NOT_PARAMS = ("run_id", "status", *METRICS, STEPS_TIMED, CONTENDED, DTYPE)
 
 
 @dataclass(frozen=True)
@@ -89,31 +91,53 @@ def status(run: Run) -> str:
 
 
 def run_metrics(client: mlflow.MlflowClient, run: Run) -> dict[str, float]:
-    """:data:`METRICS` of one run as defined in the module docstring (histories only for finished runs)."""
-    metrics = {key: run.data.metrics.get(key, float("nan")) for key in METRICS}
+    """:data:`METRICS` and :data:`STEPS_TIMED` of one run as defined in the module docstring (histories only for
+    finished runs); the throughput is ``perf/samples_per_s_median``, else (a run logged before it) the median of
+    the epochs' ``perf/samples_per_s``."""
+    metrics = {key: run.data.metrics.get(key, float("nan")) for key in (*METRICS, STEPS_TIMED)}
     if run.info.status != "FINISHED":
         return metrics
     history = {
         key: {m.step: m.value for m in client.get_metric_history(run.info.run_id, key)}
-        for key in (*BEST_EPOCH, *MEAN_OVER_EPOCHS)
+        for key in (*BEST_EPOCH, THROUGHPUT)
     }
     auc = history[BEST_EPOCH[0]]
-    if auc:
-        best = min(auc, key=lambda step: (-auc[step], step))  # the first best epoch, as fit keeps it
+    if "best_epoch" in run.data.metrics:  # the epoch the run tested (select_by), its step one less
+        best = int(run.data.metrics["best_epoch"]) - 1
         metrics.update({key: history[key].get(best, float("nan")) for key in BEST_EPOCH})
-    for key in MEAN_OVER_EPOCHS:
-        if history[key]:
-            metrics[key] = sum(history[key].values()) / len(history[key])
+    elif auc:  # a run logged before best_epoch: the first best val/auc, as fit kept it then
+        best = min(auc, key=lambda step: (-auc[step], step))
+        metrics.update({key: history[key].get(best, float("nan")) for key in BEST_EPOCH})
+    if THROUGHPUT_MEDIAN in run.data.metrics:
+        metrics[THROUGHPUT] = run.data.metrics[THROUGHPUT_MEDIAN]
+    elif history[THROUGHPUT]:
+        metrics[THROUGHPUT] = float(np.median(list(history[THROUGHPUT].values())))
     return metrics
 
 
+def run_tags(run: Run) -> dict:
+    """Whether other processes shared the machine (:data:`CONTENDED`; runs logged before it was tagged: not) and
+    the precision trained in (:data:`DTYPE`; ``""`` when not tagged)."""
+    tags = run.data.tags
+    return {CONTENDED: tags.get(CONTENDED) == "true", DTYPE: tags.get(DTYPE, "")}
+
+
 def run_frame(client: mlflow.MlflowClient, runs: list[Run]) -> pd.DataFrame:
-    """One row per run: ``run_id``, ``status``, every param (string, ``""`` when a run lacks it), :data:`METRICS`."""
-    rows = [{"run_id": r.info.run_id, "status": status(r), **r.data.params, **run_metrics(client, r)} for r in runs]
+    """One row per run: ``run_id``, ``status``, every param (string, ``""`` when a run lacks it), :data:`METRICS`,
+    :data:`STEPS_TIMED` and :func:`run_tags`."""
+    rows = [
+        {"run_id": r.info.run_id, "status": status(r), **r.data.params, **run_metrics(client, r), **run_tags(r)}
+        for r in runs
+    ]
     frame = pd.DataFrame(rows)
-    params = [c for c in frame.columns if c not in ("run_id", "status", *METRICS)]
+    params = param_columns(frame)
     frame[params] = frame[params].fillna("").astype(str)
     return frame
+
+
+def param_columns(frame: pd.DataFrame) -> list[str]:
+    """The columns of a :func:`run_frame` that are params."""
+    return [c for c in frame.columns if c not in NOT_PARAMS]
 
 
 def with_tags(selection: Selection, tags: list[str]) -> Selection:

@@ -12,10 +12,12 @@ Writes ``report.md``, ``report.html`` (figures embedded), ``runs.csv``, ``effect
 ``reports/<parent run id or experiment>``) and logs them to the parent run under ``report/``.
 
 Per run: ``test/*``, ``mem/peak_mb`` (the run's peak) and ``mem/predicted_mb`` as logged; ``val/acc`` and
-``val/auc`` at the epoch with the best ``val/auc`` (the weights that were tested); ``perf/samples_per_s``
-the mean over epochs. Configurations are the swept params but ``seed``: mean +- std over their seeds. Each swept
-switch's test-AUC difference over paired runs is judged against ``margin`` (``no loss``, ``loss``, ``inconclusive``).
-The dataset inputs the runs recorded (file split, MD5, samples, medmnist version) are listed.
+``val/auc`` at the epoch whose weights were tested (``best_epoch``, chosen by ``select_by``); ``perf/samples_per_s``
+the median over epochs. Configurations are the swept params but ``seed``: mean +- std over their seeds. Each swept
+switch's paired speed and memory ratios are judged against ``speed_margin`` and ``memory_margin`` (``faster``,
+``slower``, ``no difference``, ``inconclusive``; speed only over runs timed fairly), its test-AUC difference against
+``margin`` (``no loss``, ``loss``, ``inconclusive``). The dataset inputs the runs recorded (file split, MD5,
+samples, medmnist version) are listed.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import base64
 import html
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -35,20 +38,27 @@ from src.errors import UsageError
 from src.report import plots
 from src.report.analysis import (
     AUC,
+    CONTENDED,
+    DTYPE,
+    EFFECTS,
     MEMORY,
+    MIN_TIMED_STEPS,
     SEED,
+    STEPS_TIMED,
     THROUGHPUT,
     aggregate,
     comparison,
+    left_out,
     paired_effects,
     pareto_front,
     shown,
     summarize_effects,
     swept_columns,
+    unfit_for_speed,
     verdict_text,
 )
 from src.report.register import register_best
-from src.report.runs import METRICS, Selection, datasets_table, run_frame, select, with_tags
+from src.report.runs import METRICS, Selection, datasets_table, param_columns, run_frame, select, with_tags
 from src.tracking.store import ensure_store, store_exists, tracking_uri
 
 log = logging.getLogger(__name__)
@@ -56,10 +66,23 @@ log = logging.getLogger(__name__)
 
 FILES = ("report.md", "report.html", "runs.csv", "effects.csv", "throughput_memory.png", "paired_effects.png")
 DEFINITIONS = (
-    "`val/acc`, `val/auc`: at the epoch with the best `val/auc` (the weights tested); "
-    "`perf/samples_per_s`: mean over epochs; `mem/peak_mb`: the run's peak; "
+    "`val/acc`, `val/auc`: at the epoch whose weights were tested (`best_epoch`, by `select_by`); "
+    "`perf/samples_per_s`: the median over epochs (`perf/samples_per_s_median`); `mem/peak_mb`: the run's peak; "
     "`test/*`, `mem/predicted_mb`: as logged."
 )
+PRECISION = "`precision`: the dtype trained in (tag `amp.dtype`; `amp=true` on a CPU without bf16 trains in float32)."
+CONTENDED_RUNS = (
+    "`contended`: how many of its runs other processes shared the machine with (their samples/s count here, not in "
+    "the speed verdicts below)."
+)
+TIMING = (
+    "`perf/steps_timed`: optimizer steps timed, warm-up excluded (- for runs logged before it was); `contended`: "
+    "other processes shared the CPU or GPU while the run trained (tag `perf.contended=true`)."
+)
+WHY_UNFIT = {  # unfit_for_speed's flags: why runs' samples/s cannot be compared
+    "contended": "were contended (other processes shared the CPU or GPU: tag `perf.contended=true`)",
+    "few_steps": f"timed fewer than {MIN_TIMED_STEPS} optimizer steps (a smoke run: `epochs=1 limit_batches=2`)",
+}
 
 
 @dataclass(frozen=True)
@@ -75,20 +98,31 @@ def number(metric: str, value: float, like: float | None = None) -> str:
     if pd.isna(value):
         return "-"
     size = abs(value if like is None else like)
-    decimals = (
-        3 if metric.endswith(("acc", "auc")) else 0 if metric.endswith("_mb") or size >= 100 else 1 if size >= 10 else 2
-    )
-    return f"{value:.{decimals}f}"
+    if metric.endswith(("acc", "auc")):
+        return f"{value:.3f}"
+    whole = metric.endswith("_mb") or metric == STEPS_TIMED or size >= 100
+    return f"{value:.{0 if whole else 1 if size >= 10 else 2}f}"
 
 
 def shown_params(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return frame[keys].apply(lambda column: column.map(shown))
 
 
-def configurations_table(table: pd.DataFrame, keys: list[str], front) -> pd.DataFrame:
-    """Swept values, ``n``, each metric as ``mean ± std`` (std when n > 1) and the Pareto mark."""
+def precision_shown(runs: pd.DataFrame, keys: list[str]) -> bool:
+    """Whether to show :data:`DTYPE`: some run recorded it, and it varies or ``amp`` is swept."""
+    dtypes = set(runs[DTYPE]) - {""}
+    return bool(dtypes) and (len(dtypes) > 1 or "amp" in keys)
+
+
+def configurations_table(table: pd.DataFrame, keys: list[str], front, precision: bool) -> pd.DataFrame:
+    """Swept values, the ``precision`` used (if shown), ``n``, the ``contended`` runs (when any is), each metric as
+    ``mean ± std`` (std when n > 1) and the Pareto mark."""
     shown_table = shown_params(table, keys)
+    if precision:
+        shown_table["precision"] = table[DTYPE].replace("", "-")
     shown_table["n"] = table["n"]
+    if table[CONTENDED].any():
+        shown_table["contended"] = table[CONTENDED]
     for metric in METRICS:
         shown_table[metric] = [
             number(metric, mean) + (f" ± {number(metric, std, mean)}" if n > 1 and not pd.isna(std) else "")
@@ -98,31 +132,48 @@ def configurations_table(table: pd.DataFrame, keys: list[str], front) -> pd.Data
     return shown_table
 
 
-def signed(difference: float) -> str:
-    """An AUC difference, ``+0.004``; ``-`` when undefined."""
-    return f"{difference:+.3f}" if np.isfinite(difference) else "-"
+def interval_text(effect_row, effect) -> str:
+    """``×1.39 [×1.20, ×1.61]``; ``-`` when not judged."""
+    mean, lo, hi = (effect.text(getattr(effect_row, column)) for column in (effect.mean, effect.lo, effect.hi))
+    return "-" if mean == lo == hi == "-" else f"{mean} [{lo}, {hi}]"
 
 
 def effects_table(summary: pd.DataFrame) -> pd.DataFrame:
-    return pd.DataFrame(
+    """Per comparison: ``pairs``, those left out of speed (when any is) and each effect's interval and verdict."""
+    rows = list(summary.itertuples())
+    table = pd.DataFrame(
         {
-            "comparison": [comparison(*row) for row in summary[["param", "value", "baseline"]].itertuples(index=False)],
+            "comparison": [comparison(e.param, e.value, e.baseline) for e in rows],
             "pairs": summary["pairs"],
-            "samples/s": [f"×{r:.2f}" if np.isfinite(r) else "-" for r in summary["speed_ratio"]],
-            "peak memory": [f"{(r - 1) * 100:+.0f}%" if np.isfinite(r) else "-" for r in summary["memory_ratio"]],
-            "test AUC [95% CI]": [
-                f"{signed(e.dauc_mean)} [{signed(e.dauc_lo)}, {signed(e.dauc_hi)}]" for e in summary.itertuples()
-            ],
-            "verdict": [verdict_text(e) for e in summary.itertuples()],
         }
     )
+    if (summary["speed_pairs"] < summary["pairs"]).any():
+        table["pairs left out of speed"] = [left_out(e) for e in rows]
+    for effect in EFFECTS:
+        table[f"{effect.label} [95% CI]"] = [interval_text(e, effect) for e in rows]
+        table[f"{effect.label} verdict"] = [verdict_text(e, effect) for e in rows]
+    return table
 
 
-def runs_table(frame: pd.DataFrame, keys: list[str], metrics: list[str]) -> pd.DataFrame:
+def runs_table(frame: pd.DataFrame, keys: list[str], metrics: list[str], precision: bool = False) -> pd.DataFrame:
     table = pd.concat([frame["run_id"].str[:8], frame["status"], shown_params(frame, keys)], axis=1)
+    if precision:
+        table["precision"] = frame[DTYPE].replace("", "-")
     for metric in metrics:
         table[metric] = [number(metric, v) for v in frame[metric]]
     return table
+
+
+def speed_note(finished: pd.DataFrame) -> str:
+    """When no finished run's samples/s can be compared (:func:`unfit_for_speed`): that, and why; else ``""``."""
+    unfit = unfit_for_speed(finished)
+    if unfit.empty or not unfit.any(axis=1).all():
+        return ""
+    why = [f"{unfit[flag].sum()} {text}" for flag, text in WHY_UNFIT.items() if unfit[flag].any()]
+    return (
+        f"Speed cannot be judged: of {len(finished)} finished runs, {' and '.join(why)}; "
+        "their samples/s are no basis for comparison."
+    )
 
 
 def markdown_table(table: pd.DataFrame) -> str:
@@ -164,18 +215,39 @@ def render_html(title: str, sections: list[Section], folder: Path) -> str:
     )
 
 
-def write_report(frame: pd.DataFrame, selection: Selection, uri: str, out: Path, margin: float) -> list[Path]:
-    """Tables and figures of ``frame`` into ``out``, test-AUC differences judged against ``margin``; returns the
-    files written."""
+def effects_text(margins: Mapping[str, float]) -> str:
+    """How the Paired effects section compares and judges, with the margins it used."""
+    speed, memory, auc = (margins[key] for key in ("speed_margin", "memory_margin", "margin"))
+    return (
+        "Each switch against its baseline value, over the pairs of finished runs equal in every other swept "
+        "parameter (seed included; each new seed adds one pair per combination of the others): samples/s and peak "
+        "memory as geometric-mean ratios with their 95% Student-t interval (taken on the log ratios), test AUC as the "
+        "mean difference with its 95% Student-t interval. "
+        f"Speed against a margin of {speed:g} (config key `speed_margin`): `faster` when the whole interval lies "
+        f"above ×{1 + speed:.3g}, `slower` when it lies below ×{1 / (1 + speed):.3g}, `no difference` when it lies "
+        f"within, else `inconclusive`; peak memory alike against {memory:g} (`memory_margin`): `more memory`, "
+        f"`less memory`, `no difference`. Test AUC against a margin of {auc:g} AUC (`margin`): `no loss` when the "
+        f"whole interval lies above -{auc:g}, `loss` when it lies below, else `inconclusive`. An `inconclusive` "
+        "verdict gives the pairs that would likely settle it if mean and spread held. A pair is left out of speed "
+        "(not of memory or test AUC) when either run was contended (tag `perf.contended=true`) or timed fewer than "
+        f"{MIN_TIMED_STEPS} optimizer steps; a comparison left with none reads `cannot judge speed`."
+    )
+
+
+def write_report(
+    frame: pd.DataFrame, selection: Selection, uri: str, out: Path, margins: Mapping[str, float]
+) -> list[Path]:
+    """Tables and figures of a :func:`run_frame` into ``out``, effects judged against ``margins`` (``margin``,
+    ``speed_margin``, ``memory_margin``); returns the files written."""
     finished = frame[frame["status"] == "FINISHED"].reset_index(drop=True)
     others = frame[frame["status"] != "FINISHED"].reset_index(drop=True)
-    params = [c for c in frame.columns if c not in ("run_id", "status", *METRICS)]
-    swept = swept_columns(frame[params])
+    swept = swept_columns(frame[param_columns(frame)])
     keys = [k for k in swept if k != SEED]
     table = aggregate(finished, keys, METRICS)
     front = pareto_front(table[THROUGHPUT], table[MEMORY], table[AUC])
     found = paired_effects(finished, swept)
-    summary = summarize_effects(found, margin)
+    summary = summarize_effects(found, margins)
+    precision = precision_shown(finished, keys)
     out.mkdir(parents=True, exist_ok=True)
     title = f"Report: {selection.label}"
     plots.throughput_memory(
@@ -189,12 +261,14 @@ def write_report(frame: pd.DataFrame, selection: Selection, uri: str, out: Path,
             f"{f' (parent run {selection.parent_id})' if selection.parent_id else ''}; swept: "
             f"{', '.join(f'`{k}`' for k in swept) or 'nothing'}; written {datetime.now():%Y-%m-%d %H:%M}.",
         ),
+        *([Section("", note)] if (note := speed_note(finished)) else []),
         Section(
             "Configurations",
             f"{seeds} Pareto: no other configuration is at least as fast (samples/s), as "
             f"small (peak memory) and as accurate (test AUC; a missing one counts as worst), "
-            f"and better in one of the three.",
-            configurations_table(table, keys, front),
+            f"and better in one of the three.{f' {PRECISION}' if precision else ''}"
+            f"{f' {CONTENDED_RUNS}' if table[CONTENDED].any() else ''}",
+            configurations_table(table, keys, front, precision),
             "throughput_memory.png",
         ),
     ]
@@ -202,21 +276,8 @@ def write_report(frame: pd.DataFrame, selection: Selection, uri: str, out: Path,
         (out / "paired_effects.png").unlink(missing_ok=True)  # an earlier report's
         sections.append(Section("Paired effects", "No two finished runs differ in only one swept parameter."))
     else:
-        plots.paired_effects(found, summary, margin, f"Paired effects: {selection.label}", out / "paired_effects.png")
-        sections.append(
-            Section(
-                "Paired effects",
-                "Each switch against its baseline value, over the pairs of finished runs equal in every other swept "
-                "parameter (seed included; each new seed adds one pair per combination of the others): samples/s and "
-                "peak memory as geometric-mean ratios, test AUC as the mean difference with its 95% Student-t "
-                "interval. "
-                f"Verdict against a margin of {margin:g} AUC (config key `margin`): `no loss` when the whole interval "
-                f"lies above -{margin:g}, `loss` when it lies below, else `inconclusive`, with the pairs that would "
-                "likely settle it if mean and spread held.",
-                effects_table(summary),
-                "paired_effects.png",
-            )
-        )
+        plots.paired_effects(found, summary, f"Paired effects: {selection.label}", out / "paired_effects.png")
+        sections.append(Section("Paired effects", effects_text(margins), effects_table(summary), "paired_effects.png"))
     sections.append(
         Section(
             "Datasets",
@@ -225,7 +286,11 @@ def write_report(frame: pd.DataFrame, selection: Selection, uri: str, out: Path,
             datasets_table(selection.runs),
         )
     )
-    sections.append(Section("Finished runs", DEFINITIONS, runs_table(finished, swept, METRICS)))
+    finished_table = runs_table(finished, swept, [*METRICS, STEPS_TIMED], precision)
+    finished_table["contended"] = np.where(finished[CONTENDED], "yes", "")
+    sections.append(
+        Section("Finished runs", f"{DEFINITIONS}{f' {PRECISION}' if precision else ''} {TIMING}", finished_table)
+    )
     if len(others):
         sections.append(
             Section(
@@ -265,7 +330,8 @@ def report(cfg: ReportConfig) -> Path:
             f"nothing to compare; wait for the sweep or rerun its jobs"
         )
     out = Path(cfg.out).expanduser() if cfg.out else selection.out
-    files = write_report(frame, selection, uri, out, cfg.margin)
+    margins = {effect.margin: getattr(cfg, effect.margin) for effect in EFFECTS}
+    files = write_report(frame, selection, uri, out, margins)
     log.info("report of %d runs (%s): %s", len(frame), selection.label, ", ".join(str(f) for f in files))
     if cfg.register:
         register_best(frame, selection.runs, cfg.register, uri)

@@ -14,6 +14,7 @@ import re
 import time
 from pathlib import Path
 
+import psutil
 import torch
 
 from src.atomic import atomic_path
@@ -71,18 +72,98 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-class ThroughputMeter:
-    """Samples/s, ms per optimizer step and the fraction of time spent waiting for data, per epoch.
+RUN_WARMUP = 3  # optimizer steps a process does not time at its first epoch: allocator growth, kernel choice
+MIN_TIMED_STEPS = 20  # a run that timed fewer is no basis for comparing speed
+CONTENDED_CORES = 0.25  # other processes' CPU use (cores' worth) that contends with a run on a full machine
 
-    The first ``warmup`` optimizer steps of each epoch are not timed (one-off allocations, autotuning);
-    the device is synchronised only at the window's edges.
+
+def is_contended(others_cpu: float, own_cpu: float, gpu_processes: float = 0, cores: int | None = None) -> bool:
+    """Whether other processes took CPU the job could have used (they used :data:`CONTENDED_CORES` or more, and with
+    the job's own use the machine's ``cores`` were full), or shared its GPU."""
+    full = others_cpu + own_cpu >= (cores or os.cpu_count() or 1) - CONTENDED_CORES
+    return (others_cpu >= CONTENDED_CORES and full) or gpu_processes > 0
+
+
+def busy_cpu_seconds() -> float:
+    """CPU seconds the machine spent busy, all cores, all processes (steal too: another VM had the core)."""
+    times = psutil.cpu_times()
+    return sum(getattr(times, field, 0.0) for field in ("user", "nice", "system", "irq", "softirq", "steal"))
+
+
+def tree_cpu_seconds(root: psutil.Process) -> float:
+    """CPU seconds of ``root`` and its living descendants (a job's ranks, its data-loader workers)."""
+    total = 0.0
+    for process in (root, *root.children(recursive=True)):
+        with contextlib.suppress(psutil.Error):
+            times = process.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+class OtherLoad:
+    """How busy other processes kept the machine over a window: the CPU cores' worth they used (the machine's busy
+    CPU time less the job's process tree's) and the job's own, and on CUDA how many other processes held this GPU."""
+
+    def __init__(self, job: psutil.Process, device: torch.device) -> None:
+        self.job, self.device = job, device
+        self._busy = self._own = 0.0
+
+    @classmethod
+    def of(cls, device: torch.device, ranks_on_node: int) -> "OtherLoad":
+        """The job is this process, or with several ranks on this node the process that started them."""
+        this = psutil.Process()
+        return cls(this.parent() if ranks_on_node > 1 else this, device)
+
+    def start(self) -> None:
+        self._busy, self._own = busy_cpu_seconds(), tree_cpu_seconds(self.job)
+
+    def stop(self, elapsed: float) -> dict[str, float]:
+        own = tree_cpu_seconds(self.job) - self._own
+        others = (busy_cpu_seconds() - self._busy) - own
+        load = {"perf/others_cpu": max(0.0, others) / elapsed, "perf/own_cpu": own / elapsed}
+        if self.device.type == "cuda":
+            load["perf/others_gpu_procs"] = float(other_gpu_processes(self.device, self.job))
+        return load
+
+
+def other_gpu_processes(device: torch.device, job: psutil.Process) -> int:
+    """Processes outside the job holding a context on ``device`` (NVML); 0 where NVML cannot tell."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{torch.cuda.get_device_properties(device).uuid}")
+        pids = {p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}
+    except Exception:  # no NVML, an old driver, a MIG slice: not known
+        return 0
+    with contextlib.suppress(psutil.Error):
+        pids -= {job.pid, *(p.pid for p in job.children(recursive=True))}
+    return len(pids)
+
+
+class ThroughputMeter:
+    """Samples/s, ms per optimizer step, the fraction of time spent waiting for data, the steps timed and the load
+    of other processes, per epoch.
+
+    The first ``warmup`` optimizer steps of each epoch are not timed, and ``first_warmup`` at the first epoch a
+    process meters (one-off allocations, autotuning); an epoch times at least its last step. The device is
+    synchronised only at the window's edges.
     """
 
-    def __init__(self, device: torch.device, warmup: int = 1) -> None:
-        self.device, self.warmup = device, warmup
+    def __init__(
+        self,
+        device: torch.device,
+        warmup: int = 1,
+        first_warmup: int | None = RUN_WARMUP,
+        load: OtherLoad | None = None,
+    ) -> None:
+        self.device, self.warmup, self._first_warmup = device, warmup, first_warmup
+        self.load = load or OtherLoad(psutil.Process(), device)
 
     def start_epoch(self, steps: int) -> None:
-        self._skip = min(self.warmup, steps - 1)  # an epoch of one step is timed whole
+        warmup = self.warmup if self._first_warmup is None else self._first_warmup
+        self._first_warmup = None
+        self._skip = min(warmup, steps - 1)  # an epoch of one step is timed whole
         self._steps = self._samples = 0
         self._wait = 0.0
         self._t0 = None
@@ -91,6 +172,7 @@ class ThroughputMeter:
 
     def _open_window(self) -> None:
         synchronize(self.device)
+        self.load.start()
         self._t0 = time.perf_counter()
 
     def data_wait(self, seconds: float) -> None:
@@ -107,12 +189,15 @@ class ThroughputMeter:
         self._samples += samples
 
     def end_epoch(self) -> dict[str, float]:
+        """The epoch's figures; ``perf/steps_timed`` is for the trainer's count, not logged per epoch."""
         synchronize(self.device)
         elapsed = time.perf_counter() - self._t0
         return {
             "perf/samples_per_s": self._samples / elapsed,
             "perf/step_ms": 1000 * elapsed / self._steps,
             "perf/data_wait_frac": self._wait / elapsed,
+            "perf/steps_timed": float(self._steps),
+            **self.load.stop(elapsed),
         }
 
 

@@ -8,6 +8,8 @@ import dataclasses
 import itertools
 import logging
 import math
+import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any, Callable, NoReturn
@@ -27,13 +29,16 @@ from src.resolve import resolve_amp_dtype
 from src.training import checkpoint
 from src.training.augment import Augment, step_generator
 from src.training.ema import WeightEMA
-from src.training.meters import MemoryMonitor, ThroughputMeter
+from src.training.meters import MemoryMonitor, OtherLoad, ThroughputMeter, is_contended
 from src.training.metrics import clinical_metrics, medmnist_metrics
 from src.training.optim import Precision, build_optimizer, build_scheduler, class_weights
+from src.training.selection import Selection
 
 log = logging.getLogger(__name__)
 
 MEMORY = ("mem/peak_mb", "mem/peak_reserved_mb")  # peaks: a resumed run logs the maximum of all its processes
+TIMING = ("perf/samples_per_s", "perf/steps_timed")
+LOAD = ("perf/others_cpu", "perf/own_cpu", "perf/others_gpu_procs")  # cores' worth of CPU; processes on the GPU
 
 
 class Diverged(Exception):
@@ -87,7 +92,8 @@ class Trainer:
         self.hooks = hooks or Hooks()
         self.epoch, self.step = 0, 0  # the next optimizer step: epoch, and step within it
         self.running: dict[str, list[float]] | None = None  # resumed mid-epoch: every rank's sums so far
-        self.best_auc, self.best_state, self.best_epoch = -math.inf, None, 0  # best_epoch: epochs trained then
+        self.selection = Selection(cfg.select_by)
+        self.best_state, self.best_epoch = None, 0  # the weights to test and the epochs trained then
         self.test_predictions: tuple[np.ndarray, np.ndarray] | None = None  # labels and scores of the test split
         self.last_metrics: dict[str, float] | None = None  # the last finished epoch's
         self.memory_peak: dict[str, float] = {}  # the run's peak memory before this epoch, over ranks and processes
@@ -102,7 +108,9 @@ class Trainer:
         weight = class_weights(train_labels(loaders["train"]), cfg.data.num_classes) if cfg.class_weights else None
         self.loss_weight = None if weight is None else weight.to(device)
         self.augment = Augment(cfg.aug)
-        self.meter = ThroughputMeter(device)
+        ranks_on_node = int(os.environ.get("LOCAL_WORLD_SIZE", rank.world))
+        self.meter = ThroughputMeter(device, load=OtherLoad.of(device, ranks_on_node))
+        self.timed: list[dict[str, float]] = []  # each epoch's samples/s, steps timed and other processes' load
         self.memory = MemoryMonitor(device)
 
     def _batch(
@@ -239,6 +247,8 @@ class Trainer:
             **{k: v.item() for k, v in maxima.items()},
         }
         self._check_finite(metrics["train/loss"], self.epoch, self.steps_per_epoch)
+        self.timed.append({k: metrics[k] for k in (*TIMING, *LOAD) if k in metrics})
+        del metrics["perf/steps_timed"]  # the run's total is logged at its end
         self.memory_peak = {k: max(metrics[k], self.memory_peak.get(k, 0.0)) for k in MEMORY if k in metrics}
         metrics.update(self.memory_peak)
         for extra in self.hooks.epoch_metrics:
@@ -284,7 +294,7 @@ class Trainer:
         log_metrics: Callable[[dict[str, float], int], None],
         log_tested: Callable[[dict[str, float], int], None] | None = None,
     ) -> dict[str, float]:
-        """Train from :attr:`epoch` to ``epochs``, validating each; test the weights with the best validation AUC
+        """Train from :attr:`epoch` to ``epochs``, validating each; test the weights of the epoch ``select_by`` chose
         (:attr:`evaluated` holds them when ``log_tested``, default ``log_metrics``, logs the test metrics).
 
         Each epoch is checkpointed before its metrics are logged, so a crash in between loses none (the
@@ -301,9 +311,8 @@ class Trainer:
             if not self.rank.is_main:
                 continue
             metrics.update(self.evaluate("val"))
-            if self.best_state is None or metrics["val/auc"] > self.best_auc:
-                self.best_auc, self.best_state = metrics["val/auc"], copy.deepcopy(self.evaluated.state_dict())
-                self.best_epoch = self.epoch
+            if self.selection.improves(metrics, self.epoch, first=self.best_state is None):
+                self.best_state, self.best_epoch = copy.deepcopy(self.evaluated.state_dict()), self.epoch
             self.last_metrics = metrics
             self._save()
             log_metrics(metrics, epoch)
@@ -319,18 +328,41 @@ class Trainer:
             "time/total_s": time.perf_counter() - self._start,
             "stopped_epoch": float(self.epoch),
             "best_epoch": float(self.best_epoch),
+            **self.speed(),
         }
         (log_tested or log_metrics)(final, self.cfg.epochs)
         return final
 
+    def speed(self) -> dict[str, float]:
+        """The run's throughput: median, least and most ``perf/samples_per_s`` of its epochs, and its steps timed."""
+        rates = [epoch["perf/samples_per_s"] for epoch in self.timed]
+        if not rates:  # a checkpoint from before 2026-11-24, of a run trained to its end
+            return {}
+        return {
+            "perf/samples_per_s_median": statistics.median(rates),
+            "perf/samples_per_s_lo": min(rates),
+            "perf/samples_per_s_hi": max(rates),
+            "perf/steps_timed": sum(epoch["perf/steps_timed"] for epoch in self.timed),
+        }
+
+    @property
+    def contended(self) -> bool:
+        """Whether other processes shared the machine while the run trained: :func:`is_contended` on the medians over
+        its epochs."""
+        if not self.timed:
+            return False
+        others, own, gpu = (statistics.median(epoch.get(key, 0.0) for epoch in self.timed) for key in LOAD)
+        return is_contended(others, own, gpu)
+
     def _patience_exhausted(self) -> bool:
-        """Early stopping: ``early_stop_patience`` epochs trained since the best validation AUC."""
+        """Early stopping: ``early_stop_patience`` epochs trained since the selected epoch (``select_by``)."""
         patience = self.cfg.early_stop_patience
         stop = patience is not None and self.best_state is not None and self.epoch - self.best_epoch >= patience
         if stop and self.rank.is_main:
             log.info(
-                "early stop after epoch %d: no better val/auc for %d epochs (best at epoch %d)",
+                "early stop after epoch %d: no better %s for %d epochs (best at epoch %d)",
                 self.epoch,
+                self.cfg.select_by.value,
                 patience,
                 self.best_epoch,
             )
@@ -352,11 +384,12 @@ class Trainer:
             "epoch": self.epoch,
             "step": self.step,
             "running": self.running,
-            "best_auc": self.best_auc,
+            "selection": self.selection.state_dict(),
             "best_state": self.best_state,
             "best_epoch": self.best_epoch,
             "last_metrics": self.last_metrics,
             "memory_peak": {k: max(v, self.memory_peak.get(k, 0.0)) for k, v in self.memory.peak().items()},
+            "timed": self.timed,
             "elapsed_s": time.perf_counter() - self._start,
         }
 
@@ -371,8 +404,11 @@ class Trainer:
             self.ema.load_state_dict(state["ema"])
         checkpoint.set_rng_state(state["rng"])
         self.epoch, self.step, self.running = state["epoch"], state["step"], state["running"]
-        self.best_auc, self.best_state = state["best_auc"], state["best_state"]
+        legacy = {"smoothed": None, "best": state.get("best_auc")}  # checkpoints before 2026-11-24: select_by=val_auc
+        self.selection.load_state_dict(state.get("selection", legacy))
+        self.best_state = state["best_state"]
         self.best_epoch = state.get("best_epoch", self.epoch)  # checkpoints before early stopping lack it
         self.last_metrics = state["last_metrics"]
         self.memory_peak = state.get("memory_peak", {})  # checkpoints before 2026-11-24 lack it
+        self.timed = state.get("timed", [])
         self.elapsed_s = state["elapsed_s"]

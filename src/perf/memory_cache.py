@@ -1,0 +1,29 @@
+"""The memory predictor's figures (:func:`src.perf.memory.predict`) kept in ``memory_predictions.json`` beside the
+peak-FLOP/s cache (:mod:`src.perf.probe_cache`): a replay costs 1-5 s of one core (densenet121 at 28^3, 2026-11-24),
+a read nothing, so a sweep listed again by a dry run reads its jobs' peaks. Keyed by the whole config, the device and
+the probe key's machine, software and code (the predictor and the models are in the code's fingerprint): a figure is
+reused only for the same inputs and code. Entries are used for :data:`MAX_AGE`, then predicted again."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+
+import torch
+
+from src.config import Config
+from src.parallel.ranks import thread_count
+from src.perf.memory import MemoryPrediction, predict
+from src.perf.probe_cache import ProbeCache, age, key, machine
+
+MAX_AGE = datetime.timedelta(days=7)
+CACHE = ProbeCache("memory_predictions.json", fresh=lambda entry: age(entry) <= MAX_AGE)
+
+
+def predicted(cfg: Config, device: torch.device) -> MemoryPrediction:
+    """``predict(cfg, device)``, from the cache when it holds it; the replay holds the machine shared (no step timing
+    of another process meanwhile)."""
+    name = key(device, thread_count(cfg), repr((cfg, device)))
+    with machine(exclusive=False):
+        entry = CACHE.get(name) or CACHE.put(name, dataclasses.asdict(predict(cfg, device)))
+    return MemoryPrediction(**{field.name: entry[field.name] for field in dataclasses.fields(MemoryPrediction)})

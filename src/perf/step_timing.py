@@ -1,0 +1,111 @@
+"""Seconds per optimizer step of a job's shape, timed once on this machine and kept in ``step_times.json`` beside
+the peak-FLOP/s cache (:mod:`src.perf.probe_cache`), so later dry runs, in any process, list the same figure.
+
+A shape is what sets the time per sample (the caller's ``shape``: model and its switches, data size, micro-batch,
+accumulation, precision, ...); the key adds the host, the device's name, torch's version, the thread count and the
+code's fingerprint: a timing is reused only on the same machine, with the same software and code.
+
+A timing runs :data:`WARMUP` untimed step, then timed steps until the 95% interval of their mean is within
+±:data:`TARGET` (from :data:`MIN_STEPS` on) or :data:`MAX_STEPS` steps, or once :data:`MAX_SECONDS` of timed steps
+passed (two at least: a slow shape, or a busy machine, stops at two, with a wide interval). It records how much CPU
+other processes used meanwhile: :data:`CONTENDED_CORES` more than the cores the timing's threads left free make it
+*busy* (a 2-thread step on a 2-core CPU shared with other busy processes ran 10-80x slower, 2026-11-24).
+
+An entry is used for :data:`MAX_AGE` (as the peak cache), a busy one for :data:`BUSY_MAX_AGE` (the dry run that took
+it and one just after agree; a later one times the shape again); then the shape is timed again and the entry
+replaced (stale entries are dropped whenever the file is written). Deleting the file times every shape anew.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import statistics
+import time
+from typing import Callable
+
+import psutil
+import torch
+from scipy import stats
+
+from src.perf.probe_cache import Entry, ProbeCache, age, key, machine
+
+WARMUP = 1  # untimed steps first: allocations, oneDNN primitives, optimizer state
+TARGET = 0.10  # stop once the 95% interval of the mean step time is within ±10% ...
+MIN_STEPS = 3  # ... of at least this many timed steps (an interval from two is ~6x their difference wide)
+MAX_STEPS = 30  # ... or at this many
+MAX_SECONDS = 2.5  # ... or once two or more timed steps took this long
+CONTENDED_CORES = 0.25  # other processes using this many cores' worth beyond the free ones make a timing busy
+MAX_AGE = datetime.timedelta(days=7)
+BUSY_MAX_AGE = datetime.timedelta(hours=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTime:
+    """Mean ``seconds`` per optimizer step over ``steps`` timed ones; ``spread``: the half-width of the 95% interval
+    of the mean, relative to it; ``others_cpu``: the cores' worth of CPU other processes used meanwhile, ``busy``
+    whether that contended with the timing."""
+
+    seconds: float
+    spread: float
+    steps: int
+    others_cpu: float
+    busy: bool
+
+
+def spread(times: list[float]) -> float:
+    """Half-width of the 95% Student-t interval of the mean of ``times`` (two or more), relative to the mean."""
+    n = len(times)
+    return stats.t.ppf(0.975, n - 1) * statistics.stdev(times) / math.sqrt(n) / statistics.mean(times)
+
+
+def enough(times: list[float]) -> bool:
+    """Whether ``times`` (seconds of the steps timed so far) end the timing."""
+    n = len(times)
+    return (n >= 2 and sum(times) >= MAX_SECONDS) or (n >= MIN_STEPS and (n >= MAX_STEPS or spread(times) <= TARGET))
+
+
+def busy_cpu_seconds() -> float:
+    """CPU seconds the machine spent busy, all cores, all processes (steal too: another VM had the core)."""
+    times = psutil.cpu_times()
+    return sum(getattr(times, field, 0.0) for field in ("user", "nice", "system", "irq", "softirq", "steal"))
+
+
+def own_cpu_seconds() -> float:
+    times = psutil.Process().cpu_times()
+    return times.user + times.system
+
+
+def measure(step: Callable[[], float], threads: int) -> StepTime:
+    """Time ``step`` (one optimizer step on ``threads`` CPU threads, returning its seconds) after :data:`WARMUP`
+    untimed ones."""
+    for _ in range(WARMUP):
+        step()
+    machine_start, own_start, start = busy_cpu_seconds(), own_cpu_seconds(), time.perf_counter()
+    times: list[float] = []
+    while not enough(times):
+        times.append(step())
+    elapsed = time.perf_counter() - start
+    others = max(0.0, (busy_cpu_seconds() - machine_start) - (own_cpu_seconds() - own_start)) / elapsed
+    busy = others >= max(0, psutil.cpu_count() - threads) + CONTENDED_CORES
+    return StepTime(statistics.mean(times), spread(times), len(times), others, busy)
+
+
+def fresh(entry: Entry) -> bool:
+    return age(entry) <= (BUSY_MAX_AGE if entry["busy"] else MAX_AGE)
+
+
+CACHE = ProbeCache("step_times.json", fresh)
+
+
+def step_time(
+    shape: dict[str, str], device: torch.device, threads: int, prepare: Callable[[], Callable[[], float]]
+) -> StepTime:
+    """The cached timing of ``shape``, else one taken now of the step ``prepare()`` returns (built only then), with
+    the machine held: a process that waited for another's timing of the same shape reads it."""
+    name = key(device, threads, json.dumps(shape, sort_keys=True))
+    with machine(exclusive=True):
+        entry = CACHE.get(name) or CACHE.put(name, {**dataclasses.asdict(measure(prepare(), threads)), "shape": shape})
+    return StepTime(**{field.name: entry[field.name] for field in dataclasses.fields(StepTime)})

@@ -1,0 +1,105 @@
+"""Throughput as a run can honestly state it: warm-up steps left out, its epochs' median and range, the steps it
+timed, and how busy other processes kept the machine (real processes burning real CPU)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+
+from src.training.meters import RUN_WARMUP, OtherLoad, ThroughputMeter, is_contended
+from tests.test_engine import trainer_for
+
+CPU = torch.device("cpu")
+BURN = "import time\nend = time.time() + 60\nwhile time.time() < end: pass"
+
+
+def timed_steps(meter: ThroughputMeter, steps: int) -> float:
+    meter.start_epoch(steps)
+    for _ in range(steps):
+        meter.step_done(4)
+    return meter.end_epoch()["perf/steps_timed"]
+
+
+def test_a_process_does_not_time_its_first_steps_and_each_epoch_its_first():
+    meter = ThroughputMeter(CPU)
+    assert [timed_steps(meter, 10), timed_steps(meter, 10), timed_steps(meter, 1)] == [10 - RUN_WARMUP, 9, 1]
+
+
+def test_a_run_logs_its_epochs_median_range_and_steps_timed_and_keeps_them_across_a_resume(shared_data):
+    trainer = trainer_for("epochs=3", "limit_batches=6", "batch_size=4", data_root=shared_data)
+    trainer.train_epoch(0)
+    trainer.epoch = 1  # as fit leaves it after epoch 1
+    resumed = trainer_for("epochs=3", "limit_batches=6", "batch_size=4", data_root=shared_data)
+    resumed.load_state_dict(trainer.state_dict())  # a new process: its first epoch skips the warm-up again
+    final = resumed.fit(lambda metrics, step: None)
+    rates = [epoch["perf/samples_per_s"] for epoch in resumed.timed]
+    assert len(rates) == 3 and final["perf/steps_timed"] == 2 * (6 - RUN_WARMUP) + (6 - 1)
+    assert final["perf/samples_per_s_median"] == sorted(rates)[1]
+    assert (final["perf/samples_per_s_lo"], final["perf/samples_per_s_hi"]) == (min(rates), max(rates))
+
+
+def cpu_seconds(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def burned(load: OtherLoad, burner: int, seconds: float = 1.5) -> tuple[dict[str, float], float]:
+    """The load over a window, and the burner's own cores over it."""
+    before = cpu_seconds(burner)
+    load.start()
+    start = time.perf_counter()
+    time.sleep(seconds)
+    elapsed = time.perf_counter() - start
+    return load.stop(elapsed), (cpu_seconds(burner) - before) / elapsed
+
+
+@pytest.fixture
+def burners():
+    """A CPU-burning child of this process, and one that is not (started by a shell that exits at once)."""
+    child = subprocess.Popen([sys.executable, "-c", BURN])
+    detached = subprocess.run(
+        ["sh", "-c", f"{sys.executable} -c '{BURN}' >/dev/null 2>&1 & echo $!"], capture_output=True, text=True
+    )
+    stranger = int(detached.stdout)
+    yield child.pid, stranger
+    child.kill()
+    child.wait()
+    psutil.Process(stranger).kill()
+
+
+def test_a_jobs_own_processes_count_as_its_own_cpu_and_others_as_others(burners):
+    """One burner runs at a time: the job's own child, then a process outside the job. Whatever else loads the
+    machine, the child's CPU is in the job's own use and the other's in ``perf/others_cpu`` (to the kernel's 10 ms
+    accounting)."""
+    child, stranger = (psutil.Process(pid) for pid in burners)
+    load = OtherLoad(psutil.Process(), CPU)
+    stranger.suspend()
+    with_child, child_cores = burned(load, child.pid)
+    stranger.resume()
+    child.suspend()
+    with_stranger, stranger_cores = burned(load, stranger.pid)
+    child.resume()
+    assert child_cores > 0.02 and stranger_cores > 0.02  # each ran in its window
+    assert with_child["perf/own_cpu"] >= 0.95 * child_cores - 0.02
+    assert with_stranger["perf/others_cpu"] >= 0.95 * stranger_cores - 0.02
+    assert with_stranger["perf/own_cpu"] < 0.05 + 0.05 * stranger_cores  # this test process only sleeps
+
+
+@pytest.mark.parametrize(
+    "others,own,gpu,cores,expected",
+    [
+        (0.02, 1.98, 0, 2, False),  # the run alone fills the machine
+        (0.6, 1.4, 0, 2, True),  # another job takes a core the run's threads wanted
+        (0.3, 0.5, 0, 2, False),  # the machine had cores to spare
+        (8.0, 3.0, 0, 16, False),  # other jobs on a big GPU node, cores to spare
+        (13.0, 3.0, 0, 16, True),
+        (0.0, 1.0, 1, 16, True),  # another process on the run's GPU
+    ],
+)
+def test_a_run_is_contended_when_others_took_cores_it_could_have_used(others, own, gpu, cores, expected):
+    assert is_contended(others, own, gpu, cores) is expected

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA_ROOT = ROOT.parent / "shared" / "data" / "medmnist"
+DATA_ROOT = ROOT / "data" / "medmnist"  # the MedMNIST files that ship (src/shipped.py)
 # (model, data.size, model.stem): the standard stem throughout, since densenet121's small stem costs
 # ~50 forward GFLOPs per sample at 28^3; densenet121 at 64^3 so that its activations dominate.
 MODELS = (("resnet18", 28, "standard"), ("resnet18", 64, "standard"), ("densenet121", 64, "standard"))

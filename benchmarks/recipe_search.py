@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 from src import config as schema
 from src.parallel.ranks import seed_everything
 from src.resolve import resolve_device
+from src.shipped import SHIPPED
 from src.training.build import build_trainer
 from src.training.meters import device_name
 
@@ -56,7 +57,7 @@ def main() -> None:
     parser.add_argument("--candidate", action="append", required=True, help="overrides of one recipe, quoted")
     parser.add_argument("--data", nargs="+", default=["adrenalmnist3d"], help="data config names")
     parser.add_argument("--size", type=int, default=28)
-    parser.add_argument("--root", default=str(CONF.parent.parent / "shared" / "data" / "medmnist"))
+    parser.add_argument("--root", default=str(SHIPPED))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--extra", default="", help="overrides added to every candidate (device=cuda num_threads=2)")
     args = parser.parse_args()

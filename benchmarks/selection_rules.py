@@ -21,10 +21,11 @@ from typing import Callable
 import numpy as np
 import torch
 
-from benchmarks.recipe_search import CONF, compose_config
+from benchmarks.recipe_search import compose_config
 from src import config as schema
 from src.parallel.ranks import seed_everything
 from src.resolve import resolve_device
+from src.shipped import SHIPPED
 from src.training.build import build_trainer
 from src.training.meters import device_name
 from src.training.metrics import medmnist_metrics
@@ -126,7 +127,7 @@ def main() -> None:
     parser.add_argument("--data", nargs="+", default=["adrenalmnist3d", "vesselmnist3d"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[3, 4, 5], help="not 0-2: the study's own seeds")
     parser.add_argument("--overrides", default="experiment=accuracy_cpu ema_decay=0.99")
-    parser.add_argument("--root", default=str(CONF.parent.parent / "shared" / "data" / "medmnist"))
+    parser.add_argument("--root", default=str(SHIPPED))
     args = parser.parse_args()
     schema.register()
     if args.step == "score":

@@ -57,10 +57,10 @@ from src.data import load_splits, npz_path  # noqa: E402
 from src.models import build_model  # noqa: E402
 from src.models.layers import resolve_stem  # noqa: E402
 from src.parallel.ranks import seed_everything  # noqa: E402
+from src.shipped import SHIPPED  # noqa: E402
 from src.training.build import build_trainer  # noqa: E402
 from src.training.meters import MemoryMonitor, ThroughputMeter, device_name  # noqa: E402
 
-DATA_ROOT = ROOT.parent / "shared" / "data" / "medmnist"
 CPU = torch.device("cpu")
 LR = 1e-3  # medsweep's default Adam learning rate, used by every variant
 VARIANTS = ("plain", "monai", "medsweep")
@@ -421,7 +421,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--profile", type=int, default=0, metavar="N", help="then profile one round each: the N costliest ops"
     )
     parser.add_argument("--sweep-best", action="store_true", help="find the fastest medsweep switches instead")
-    parser.add_argument("--data-root", default=str(DATA_ROOT))
+    parser.add_argument("--data-root", default=str(SHIPPED))
     args = parser.parse_args(argv)
     args.variants = args.variants.split(",")
     if unknown := set(args.variants) - set(VARIANTS):

@@ -19,6 +19,9 @@ from omegaconf import MISSING
 
 OBJECTIVES = ("test/auc", "val/auc")  # what a job can return: the test AUC, or the best epoch's validation AUC
 TASKS = ("binary-class", "multi-class")  # the single-label tasks the trainer's cross-entropy and metrics handle
+SPLITS = ("train", "val", "test")  # a dataset's splits, in MedMNIST's order
+NIFTI = "nifti"  # data=nifti: a folder of volumes and a labels CSV (src/volumes, docs/nifti.md)
+NIFTI_SIZES = (16, 256)  # the cube sides data=nifti crops or pads to (MedMNIST's files are 28^3 or 64^3)
 URL = re.compile(r"https?://[^/\s]+\S*|file://\S+")
 SEED_MAX = 2**32 - 1  # NumPy's seed range is [0, 2**32 - 1]
 
@@ -101,6 +104,12 @@ class Device(Enum):
     cuda = "cuda"
 
 
+class Intensity(Enum):
+    minmax = "minmax"
+    zscore = "zscore"
+    window = "window"
+
+
 class Loader(Enum):
     tensor = "tensor"
     dataloader = "dataloader"
@@ -163,11 +172,12 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    """A MedMNIST 3D dataset (``name`` is its medmnist flag) or ``synthetic``."""
+    """A MedMNIST 3D dataset (``name`` is its medmnist flag), ``synthetic``, or ``nifti``: a folder of volumes and a
+    labels CSV, preprocessed once into a cached file of MedMNIST's layout (the keys after ``synthetic_samples``)."""
 
     name: str = MISSING
-    root: str = "~/.medmnist"
-    size: int = 28
+    root: str = "~/.medmnist"  # nifti: the folder of the volumes
+    size: int = 28  # the cube's side: 28 or 64 (MedMNIST's files), 16 to 256 (nifti)
     download: bool = True
     url: Optional[str] = None  # null: medmnist's INFO url for this flag and size
     in_channels: int = 1
@@ -177,10 +187,20 @@ class DataConfig:
     num_workers: int = 0
     pin_memory: bool = False
     synthetic_samples: list[int] = field(default_factory=lambda: [256, 64, 64])
+    labels: Optional[str] = None  # the CSV: image (relative to root), label, optional split; null: <root>/labels.csv
+    classes: Optional[list[str]] = None  # the class names in class order; null: the CSV's labels, sorted
+    split_fractions: list[float] = field(default_factory=lambda: [0.7, 0.1, 0.2])  # without a split column, per class
+    split_seed: int = 0  # ... that split's seed: not the training seed, so every run tests on the same volumes
+    spacing: Optional[list[float]] = None  # resampled voxel size in mm along R, A, S; null: the training median
+    intensity: Intensity = Intensity.minmax  # per volume min-max, z-score (clipped at +-3 std), or a CT window
+    window_level: float = 40.0  # intensity=window: its centre and width (40 and 400 HU: soft tissue)
+    window_width: float = 400.0
 
     def __post_init__(self) -> None:
         filled("data.root", self.root)
-        if self.size not in (28, 64):
+        if self.name == NIFTI:
+            within("data.size", self.size, *NIFTI_SIZES, "[]", fix=" for data=nifti")
+        elif self.size not in (28, 64):
             raise ValueError(f"data.size={self.size} is not a MedMNIST 3D size: use data.size=28 or 64")
         if self.url is not None and not URL.fullmatch(self.url):
             raise ValueError(f"data.url={self.url!r} must be an http(s):// or file:// URL, or null (medmnist's own)")
@@ -191,6 +211,26 @@ class DataConfig:
         within("data.num_workers", self.num_workers, 0)
         sizes = "the train, val and test sizes, e.g. [256,64,64]"
         each("data.synthetic_samples", self.synthetic_samples, 1, count=3, what=sizes)
+        self.check_volume_keys()
+
+    def check_volume_keys(self) -> None:
+        """The keys only ``nifti`` reads."""
+        filled("data.labels", self.labels, null=True)
+        for i, name in enumerate(self.classes or []):
+            filled(f"data.classes[{i}]", name)
+        if self.classes is not None and len(set(self.classes)) < max(2, len(self.classes)):
+            raise ValueError(f"data.classes={self.classes} must name 2 or more classes, each once")
+        fractions = "the train, val and test fractions of each class, e.g. [0.7,0.1,0.2]"
+        each("data.split_fractions", self.split_fractions, 0, 1, "()", count=3, what=fractions)
+        if not math.isclose(sum(self.split_fractions), 1):
+            raise ValueError(f"data.split_fractions={self.split_fractions} must sum to 1 ({fractions})")
+        within("data.split_seed", self.split_seed, 0, SEED_MAX, "[]")
+        if self.spacing is not None:
+            millimetres = "millimetres along R, A and S, e.g. [1,1,1]; or null: the training volumes' median"
+            each("data.spacing", self.spacing, 0, ends="()", count=3, what=millimetres)
+        if not math.isfinite(self.window_level):
+            raise ValueError(f"data.window_level={self.window_level} must be a finite number (the window's centre)")
+        within("data.window_width", self.window_width, 0, ends="()", fix=" (the window's width)")
 
 
 @dataclass
@@ -323,7 +363,7 @@ class MlflowConfig(StoreConfig):
     experiment: str = "medsweep"
     system_metrics: bool = True  # MLflow's system metrics (CPU, memory, GPU) on each job's run, per node
     system_metrics_interval_s: float = 10.0  # seconds between samples
-    log_model: bool = False  # the best-validation weights as an MLflow PyTorch model (the run's logged model)
+    log_model: bool = False  # the tested weights (select_by) as an MLflow PyTorch model (the run's logged model)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -362,7 +402,7 @@ class Config:
     early_stop_patience: Optional[int] = None  # stop after this many epochs without a better val/auc
     warmup_epochs: int = 0  # linear learning-rate warm-up from lr/10 (before the schedule)
     ema_decay: Optional[float] = None  # validate, keep and test an EMA of the weights and BatchNorm buffers (0.99)
-    select_by: SelectBy = SelectBy.val_auc  # which epoch's weights are tested: docs/accuracy.md
+    select_by: SelectBy = SelectBy.val_loss  # which epoch's weights are tested (val_auc: MedMNIST's): docs/accuracy.md
     channels_last: bool = False
     cudnn_benchmark: bool = False
     compile: bool = False  # torch.compile the model
@@ -472,13 +512,17 @@ def register() -> None:
     """Register the schema as ``base_config``; ``conf/config.yaml`` composes on top of it, so every
     group file is merged into a typed node (a wrong key, type or choice fails at composition).
     ``base_report`` is ``conf/report.yaml``'s. The resolver ``${fresh:<folder>}`` claims a folder of its own
-    (:func:`src.folders.fresh`)."""
+    (:func:`src.folders.fresh`). The ``model`` group's options are the registered models (:mod:`src.models.registry`),
+    and ``${models:}`` names them all, comma-separated (``preset=models``' sweep)."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
     from src.folders import fresh
+    from src.models import MODELS  # importing the zoo registers it
 
     ConfigStore.instance().store(name="base_config", node=Config)
     ConfigStore.instance().store(name="base_report", node=ReportConfig)
     if not OmegaConf.has_resolver("fresh"):
         OmegaConf.register_new_resolver("fresh", fresh, use_cache=True)
+    if not OmegaConf.has_resolver("models"):
+        OmegaConf.register_new_resolver("models", lambda: ",".join(MODELS))

@@ -1,4 +1,5 @@
-"""MedMNIST 3D data: checked `.npz` loading, download, a synthetic task, and seeded loaders."""
+"""MedMNIST 3D data: checked `.npz` loading, download, a synthetic task, a NIfTI folder's cache (:mod:`src.volumes`),
+and seeded loaders."""
 
 from __future__ import annotations
 
@@ -15,16 +16,17 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
+from src import volumes
 from src.atomic import atomic_path
-from src.config import DataConfig, Loader
+from src.config import NIFTI, SPLITS, DataConfig, Loader
 from src.errors import UsageError
 
 log = logging.getLogger(__name__)
 
-SPLITS = ("train", "val", "test")
 SYNTHETIC = "synthetic"
 REDOWNLOAD = "delete it and rerun with data.download=true"
 REGENERATE = "delete it (data=synthetic regenerates it from a fixed seed)"
+REBUILD = "delete it (data=nifti builds it again from the volumes)"
 MD5S: dict[tuple[Path, int, int, int], str] = {}  # (path, size, mtime_ns, inode) -> MD5, this process's hashes
 ARRAYS_CHECKED: set[tuple] = set()  # (path, size, mtime_ns, inode, config) of the synthetic files checked
 
@@ -35,14 +37,19 @@ def npz_name(flag: str, size: int) -> str:
 
 
 def npz_path(cfg: DataConfig) -> Path:
-    """Where the file for ``cfg`` lives: ``<root>/<flag>[_<size>].npz``, the synthetic flag named by its samples."""
+    """Where the file for ``cfg`` lives: ``<root>/<flag>[_<size>].npz``, the synthetic flag named by its samples; a
+    NIfTI folder's cache (:func:`src.volumes.cache_path`)."""
+    if cfg.name == NIFTI:
+        return volumes.cache_path(cfg, volumes.read_table(cfg))
     name = cfg.name if cfg.name != SYNTHETIC else f"{SYNTHETIC}_{'-'.join(map(str, cfg.synthetic_samples))}"
     return Path(cfg.root).expanduser() / npz_name(name, cfg.size)
 
 
 def replace_fix(path: Path) -> str:
-    """How to replace a bad file: a synthetic one (named ``synthetic_*`` by :func:`npz_path`) is regenerated, a
-    MedMNIST one downloaded again."""
+    """How to replace a bad file: a synthetic one (named ``synthetic_*`` by :func:`npz_path`) is regenerated, a NIfTI
+    folder's cache (``nifti_*``) built again, a MedMNIST one downloaded again."""
+    if path.name.startswith(f"{NIFTI}_"):
+        return REBUILD
     return REGENERATE if path.name.startswith(f"{SYNTHETIC}_") else REDOWNLOAD
 
 
@@ -58,9 +65,19 @@ def medmnist_info(cfg: DataConfig) -> dict:
     from medmnist import INFO
 
     if cfg.name not in flags_3d():
-        flags = ", ".join(flags_3d() + [SYNTHETIC])
+        flags = ", ".join(flags_3d() + [SYNTHETIC, NIFTI])
         raise UsageError(f"data.name={cfg.name} is not a MedMNIST 3D dataset: use one of {flags}")
     return INFO[cfg.name]
+
+
+def class_names(cfg: DataConfig) -> list[str]:
+    """The class names in class order: the labels CSV's (``nifti``), MedMNIST's, or ``0``, ``1``... (``synthetic``)."""
+    if cfg.name == NIFTI:
+        return list(volumes.read_table(cfg).classes)
+    if cfg.name == SYNTHETIC:
+        return [str(k) for k in range(cfg.num_classes)]
+    names = medmnist_info(cfg)["label"]
+    return [names[str(k)] for k in range(cfg.num_classes)]
 
 
 def md5(path: Path) -> str:
@@ -133,12 +150,15 @@ def fetch(url: str, to: Path, cfg: DataConfig) -> None:
     except OSError as err:
         raise UsageError(
             f"download of {url} failed ({err}): check the network, or put {npz_path(cfg).name} "
-            f"in data.root={cfg.root} and set data.download=false"
+            f"in data.root={cfg.root} and set data.download=false; or run now on a set that ships in data/medmnist "
+            "(data=adrenalmnist3d, data=vesselmnist3d) or on data=synthetic"
         ) from None
 
 
 def ensure_file(cfg: DataConfig) -> Path:
-    """Return the verified `.npz` for ``cfg``, downloading or generating it when missing."""
+    """Return the verified `.npz` for ``cfg``, downloading, generating or building (``nifti``) it when missing."""
+    if cfg.name == NIFTI:
+        return volumes.ensure(cfg)
     path = npz_path(cfg)
     if check_file(cfg):
         return path
@@ -153,7 +173,9 @@ def check_file(cfg: DataConfig) -> bool:
     """Whether the verified `.npz` for ``cfg`` is there (False: :func:`ensure_file` will download or generate it);
     raises what :func:`ensure_file` or :func:`load_splits` would refuse, writing nothing (a dry run and a sweep's
     check of its jobs check the data this way). A MedMNIST file is verified by its MD5 and ``cfg`` against its INFO
-    entry, a synthetic one by its arrays."""
+    entry, a synthetic one by its arrays, a NIfTI folder by its CSV and its volumes' headers (``volumes.check``)."""
+    if cfg.name == NIFTI:
+        return volumes.check(cfg)
     path = npz_path(cfg)
     if cfg.name == SYNTHETIC:
         if path.exists():
@@ -199,7 +221,9 @@ def check_arrays(cfg: DataConfig, path: Path) -> None:
 
 def split_sizes(cfg: DataConfig) -> dict[str, int]:
     """Samples per split, known without the file: medmnist's INFO (the file's MD5 is checked against the same entry),
-    or ``data.synthetic_samples`` (which name the synthetic file)."""
+    ``data.synthetic_samples`` (which name the synthetic file), or the labels CSV (``nifti``)."""
+    if cfg.name == NIFTI:
+        return volumes.read_table(cfg).sizes()
     if cfg.name == SYNTHETIC:
         return dict(zip(SPLITS, cfg.synthetic_samples))
     return {split: medmnist_info(cfg)["n_samples"][split] for split in SPLITS}

@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from src.config import AmpDtype, Backend, Config, Device, ParallelMode
 from src.data import split_sizes
 from src.errors import UsageError
-from src.models import MODELS
+from src.models import check_model
 
 
 def validate(cfg: DictConfig) -> tuple[Config, torch.device]:
@@ -21,8 +21,7 @@ def validate(cfg: DictConfig) -> tuple[Config, torch.device]:
         typed: Config = OmegaConf.to_object(cfg)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    if typed.model.name not in MODELS:
-        raise UsageError(f"model.name={typed.model.name} is not a registered model: use one of {', '.join(MODELS)}")
+    check_model(typed.model)
     device = resolve_device(typed)
     resolve_amp_dtype(typed, device)
     check_parallel(typed, device)

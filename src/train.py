@@ -68,7 +68,7 @@ def run_job(cfg: DictConfig, clock: StartupClock, preemption: Preemption) -> flo
         return outcome.skip(plan)
     if external is not None and not external.is_main:  # torchrun / SLURM rank > 0: train, log nothing
         try:
-            run_rank(Job.of(plan, plan.cfg), external, preemption=preemption)
+            run_rank(Job.from_plan(plan, plan.cfg), external, preemption=preemption)
         except Preempted:
             raise PreemptedExit(preemption.exit_code) from None
         return float("nan")
@@ -95,7 +95,7 @@ def lead(plan: Plan, external: dist.Rank | None, clock: StartupClock, preemption
             outcome.stop_before_run(preemption)
             run = reopen(client, resume) if resume else start_run(plan, attempt, world, client, tags)
             clock.mark("mlflow")
-            job = Job.of(plan, attempt, run.run_id, world, gpus, resume, clock)
+            job = Job.from_plan(plan, attempt, run.run_id, world, gpus, resume, clock)
             log.info("MLflow run %s in %s; output %s", run.run_id, plan.tracking_uri, plan.output_dir)
             try:
                 final = (

@@ -1,4 +1,4 @@
-"""Shared fixtures: the real MedMNIST files, a real MLflow store in a temp dir, a cache folder of the tests' own."""
+"""Shared fixtures: the shipped MedMNIST files, a real MLflow store in a temp dir, a cache folder of the tests' own."""
 
 from __future__ import annotations
 
@@ -9,16 +9,18 @@ from typing import Iterator
 import pytest
 
 from src import config as schema
-from tests.helpers import ROOT, SHARED_DATA
+from src.shipped import SHIPPED
+from tests.helpers import ROOT
 
 schema.register()
 
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    if not (SHARED_DATA / "adrenalmnist3d.npz").exists():
-        pytest.fail(f"real MedMNIST files expected in {SHARED_DATA}")
-    return SHARED_DATA
+    """``data/medmnist``: AdrenalMNIST3D at 28^3 and 64^3, VesselMNIST3D at 28^3."""
+    if not (SHIPPED / "adrenalmnist3d.npz").exists():
+        pytest.fail(f"real MedMNIST files expected in {SHIPPED}")
+    return SHIPPED
 
 
 @pytest.fixture

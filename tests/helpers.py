@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import mlflow
+import pytest
 from hydra import compose, initialize_config_dir
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED_DATA = ROOT.parent / "shared" / "data" / "medmnist"
 
 
 RESULTS = {"train/loss", "train/acc", "val/loss", "val/acc", "val/auc", "test/acc", "test/auc", "model/params"}
@@ -53,6 +53,11 @@ def history(uri: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
         for key in client.get_run(run_id).data.metrics
         if not key.startswith("system/")
     }
+
+
+def own_messages(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The messages of medsweep's own records (loggers under ``src``), MLflow's and other libraries' left out."""
+    return [r.getMessage() for r in caplog.records if r.name.split(".")[0] == "src"]
 
 
 def compose_config(*overrides: str):

@@ -17,14 +17,17 @@ from omegaconf import OmegaConf
 from src import config as schema
 from src.cli import check_values
 from src.errors import UsageError
+from src.models import MODELS
 from src.schema_check import check_known_keys, composition_error
+from src.shipped import SHIPPED
 from src.tracking.identity import flatten
 from tests.helpers import ROOT, compose_config, run_cli, small_run
 
 GROUPS = {
     group: sorted(p.stem for p in (ROOT / "conf" / group).glob("*.yaml"))
-    for group in ("data", "model", "optim", "sched", "parallel")
+    for group in ("data", "optim", "sched", "parallel")
 }
+GROUPS["model"] = sorted(MODELS)  # the registry stores the model group: no file each
 
 
 def test_groups_hold_the_documented_options():
@@ -37,6 +40,7 @@ def test_groups_hold_the_documented_options():
             "vesselmnist3d",
             "synapsemnist3d",
             "synthetic",
+            "nifti",
         ]
     )
     assert GROUPS["optim"] == ["adam", "adamw", "sgd"]
@@ -47,14 +51,29 @@ def test_groups_hold_the_documented_options():
 def test_defaults():
     cfg = OmegaConf.to_object(compose_config())
     assert (cfg.data.name, cfg.model.name, cfg.optim.name, cfg.sched.name, cfg.parallel.mode) == (
-        "organmnist3d",
+        "adrenalmnist3d",
         "densenet121",
         schema.OptimName.adam,
         schema.SchedName.multistep,
         schema.ParallelMode.none,
     )
-    assert cfg.data.root == "~/.medmnist" and cfg.data.size == 28 and cfg.data.download
+    assert cfg.data.root == str(SHIPPED) and cfg.data.size == 28 and cfg.data.download
     assert cfg.sched.milestones == [0.5, 0.75] and cfg.sched.gamma == 0.1
+
+
+@pytest.mark.parametrize(
+    "overrides,root",
+    [
+        ((), str(SHIPPED)),
+        (("data.size=64",), str(SHIPPED)),
+        (("data=vesselmnist3d",), str(SHIPPED)),
+        (("data=vesselmnist3d", "data.size=64"), "~/.medmnist"),
+        (("data=organmnist3d",), "~/.medmnist"),
+        (("data.root=/d",), "/d"),
+    ],
+)
+def test_a_shipped_file_is_found_without_a_data_root_and_the_others_download(overrides, root):
+    assert OmegaConf.to_object(compose_config(*overrides)).data.root == root
 
 
 @pytest.mark.parametrize("group,option", [(g, o) for g, options in GROUPS.items() for o in options])
@@ -76,6 +95,7 @@ def enum_overrides():
         ("amp_dtype", schema.AmpDtype),
         ("device", schema.Device),
         ("data.loader", schema.Loader),
+        ("data.intensity", schema.Intensity),
     ]:
         for member in enum:
             yield field, member
@@ -123,10 +143,7 @@ CYCLIC_WARMUP = (
     "warmup_epochs=1 with sched=cyclic, which steps per optimizer step: use warmup_epochs=0 or a per-epoch schedule"
 )
 NOT_A_URL = "must be an http(s):// or file:// URL, or null (medmnist's own)"
-MODELS = (
-    "densenet121, densenet169, densenet201, densenet264, "
-    "resnet10, resnet101, resnet152, resnet18, resnet200, resnet34, resnet50"
-)
+ZOO = ", ".join(sorted(MODELS))  # the model group's options, as Hydra lists them
 
 
 @pytest.mark.parametrize(
@@ -148,11 +165,11 @@ MODELS = (
             ConfigCompositionException,
             f"unknown key model.colour (set by model.colour=red): ModelConfig has no such key; {MODEL_KEYS}",
         ),
-        ("model=resnet7", MissingConfigException, f"model=resnet7 is not an option of model: use one of {MODELS}"),
+        ("model=resnet7", MissingConfigException, f"model=resnet7 is not an option of model: use one of {ZOO}"),
         (
             "data=mnist",
             MissingConfigException,
-            "data=mnist is not an option of data: use one of adrenalmnist3d, fracturemnist3d, nodulemnist3d, "
+            "data=mnist is not an option of data: use one of adrenalmnist3d, fracturemnist3d, nifti, nodulemnist3d, "
             "organmnist3d, synapsemnist3d, synthetic, vesselmnist3d",
         ),
         (
@@ -456,6 +473,7 @@ def test_every_float_key_refuses_nan_and_inf(compose_with, key, value):
 
 BLANKABLE = [
     (compose_config, "data.root", False),
+    (compose_config, "data.labels", True),
     (compose_config, "aug.name", False),
     (compose_config, "mlflow.experiment", False),
     (compose_config, "mlflow.tracking_uri", True),

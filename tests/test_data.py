@@ -140,10 +140,13 @@ def test_download_of_a_bad_file_leaves_nothing_behind(tmp_path, http_root):
     assert list((tmp_path / "cache").iterdir()) == []
 
 
-def test_download_failure_is_one_clear_line(tmp_path, http_root):
+def test_download_failure_is_one_clear_line_offering_the_shipped_sets(tmp_path, http_root):
     _, base = http_root
-    with pytest.raises(UsageError, match=r"download of .*missing.npz failed .*: check the network"):
+    with pytest.raises(UsageError, match=r"download of .*missing.npz failed .*: check the network") as failed:
         load_splits(adrenal(tmp_path, url=f"{base}/missing.npz"))
+    assert str(failed.value).endswith(
+        "ships in data/medmnist (data=adrenalmnist3d, data=vesselmnist3d) or on data=synthetic"
+    )
 
 
 @pytest.mark.parametrize("size", [28, 64])

@@ -13,9 +13,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from src.jobs.plan import skipped_for
-from src.tracking.identity import NAME_LIMIT, code_fingerprint, run_name
+from src.tracking.identity import ADDED, NAME_LIMIT, code_fingerprint, config_hash, flatten, run_name
 from src.tracking.store import ensure_store, experiment_id, finished_run
-from tests.helpers import ROOT, compose_config, run_cli, runs, small_run
+from tests.helpers import ROOT, compose_config, own_messages, run_cli, runs, small_run
 
 SMALL_RUN_NAME = (  # small_run's overrides that change results, epochs=1 given after its epochs=2
     "device=cpu data=adrenalmnist3d model=resnet10 model.stem=standard batch_size=4 epochs=1 limit_batches=3 "
@@ -105,7 +105,7 @@ def test_a_run_logged_without_a_fingerprint_counts_as_other_code(tmp_path, store
     assert finished_run(store, "medsweep", "h", code_fingerprint()).info.run_id == old
     with caplog.at_level(logging.INFO, logger="src.jobs.plan"):
         assert skipped_for(cfg, "h", ["seed=7", f"mlflow.tracking_uri={store}"]) is None
-    assert caplog.messages == [
+    assert own_messages(caplog) == [
         f"running seed=7 again: run {old} FINISHED with this config but other code "
         f"(code_fingerprint none -> {code_fingerprint()}); skip_finished=config would skip it"
     ]
@@ -162,3 +162,15 @@ def test_a_sweep_run_again_after_a_model_change_trains_every_job_again(tmp_path,
         assert log.count(line) == 1, log[-3000:]
     assert "skipping" not in log
     assert mlflow.MlflowClient(store).get_run(trained["0"]).data.tags["code_fingerprint"] == old
+
+
+@pytest.mark.parametrize(
+    "overrides", [("select_by=val_auc",), ("model=resnet18", "amp=true", "select_by=val_auc"), ("data=vesselmnist3d",)]
+)
+def test_keys_added_later_keep_the_hashes_of_runs_logged_before_them(overrides):
+    """A run logged before ``select_by`` and the ``data=nifti`` keys existed had none of them in its params: its hash
+    is the hash of today's config at their old behaviour; another value of one of them is another config."""
+    params = flatten(compose_config(*overrides))
+    before = {key: value for key, value in params.items() if key not in ADDED or ADDED[key] != value}
+    assert config_hash(params) == config_hash(before)
+    assert config_hash({**params, "select_by": "last"}) != config_hash(params)

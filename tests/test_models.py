@@ -15,7 +15,7 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
 from src.config import Activation, DataConfig, Init, InitMode, ModelConfig, Norm, Shortcut, Stem
-from src.models import MODELS, build_model, densenet3d, model_kwargs
+from src.models import MODELS, build_model, densenet3d, model_kwargs, resnet3d
 from src.models.densenet3d import DenseLayer, Transition
 from src.models.layers import (
     NORMS,
@@ -38,6 +38,11 @@ ACTIVATION_TYPES = {
     Activation.mish: nn.Mish,
 }
 NORM_TYPES = {Norm.batch: nn.BatchNorm3d, Norm.group: nn.GroupNorm, Norm.instance: nn.InstanceNorm3d}
+# reduced widths for real CPU runs, by the module a builder is in (another module's models run at full width)
+REDUCED_WIDTHS = {
+    resnet3d.__name__: {"widths": (2, 4, 8, 16)},
+    densenet3d.__name__: {"growth_rate": 2, "init_features": 4},
+}
 # 3^3 convs inside the blocks: 2 per basic block, 1 per bottleneck, 1 per dense layer
 BLOCK_SPATIAL_CONVS = {
     "resnet10": 8,
@@ -83,9 +88,9 @@ def one_thread():
 
 def small_model(name: str, size: int = 28, in_channels: int = 1, **switches) -> nn.Module:
     """A registered model at reduced width (same depth and switches) for real CPU runs."""
-    widths = {"widths": (2, 4, 8, 16)} if name.startswith("resnet") else {"growth_rate": 2, "init_features": 4}
+    build = MODELS[name].build
     data = DataConfig(name="synthetic", size=size, in_channels=in_channels, num_classes=NUM_CLASSES)
-    return MODELS[name](**model_kwargs(ModelConfig(name=name, **switches), data), **widths)
+    return build(**model_kwargs(ModelConfig(name=name, **switches), data), **REDUCED_WIDTHS.get(build.__module__, {}))
 
 
 def meta_model(name: str, size: int = 28, **switches) -> nn.Module:
@@ -103,24 +108,6 @@ def rotate(options: list, *indices: int):
 
 
 # ---------------------------------------------------------------- registry and build_model
-
-
-def test_registry_holds_the_zoo():
-    assert sorted(MODELS) == sorted(
-        [
-            "resnet10",
-            "resnet18",
-            "resnet34",
-            "resnet50",
-            "resnet101",
-            "resnet152",
-            "resnet200",
-            "densenet121",
-            "densenet169",
-            "densenet201",
-            "densenet264",
-        ]
-    )
 
 
 def test_unknown_name_is_a_one_line_value_error():
@@ -156,11 +143,16 @@ def test_structure(name, dsconv, activation, stem):
     spatial = [m for m in model.modules() if isinstance(m, nn.Conv3d) and max(m.kernel_size) > 1]
     depthwise = [m for m in spatial if m.groups > 1]
     assert all(m.groups == m.in_channels == m.out_channels for m in depthwise)
-    assert len(spatial) == 1 + BLOCK_SPATIAL_CONVS[name]  # the stem's and the blocks'
-    assert len(depthwise) == (BLOCK_SPATIAL_CONVS[name] if dsconv else 0)
+    assert len(depthwise) == (len(spatial) - 1 if dsconv else 0)  # every spatial conv but the stem's
     assert model.stem.conv.groups == 1 and model.stem.conv.kernel_size == (
         (3,) * 3 if resolve_stem(stem, 28) is Stem.small else (7,) * 3
     )
+
+
+@pytest.mark.parametrize("name,convs", BLOCK_SPATIAL_CONVS.items())
+def test_the_zoo_has_its_papers_block_convs(name, convs):
+    spatial = [m for m in meta_model(name).modules() if isinstance(m, nn.Conv3d) and max(m.kernel_size) > 1]
+    assert len(spatial) == 1 + convs  # the stem's and the blocks'
 
 
 @pytest.mark.parametrize("norm", [Norm.group, Norm.instance], ids=lambda n: n.name)
@@ -441,14 +433,6 @@ def test_zero_init_residual_zeroes_each_branch_last_norm(name):
     assert blocks and all((block.branch[-1].weight == 0).all() for block in blocks)
     last_norms = {id(block.branch[-1]) for block in blocks}
     assert all((m.weight == 1).all() for m in model.modules() if isinstance(m, NORMS) and id(m) not in last_norms)
-
-
-def test_zero_init_residual_is_ignored_by_densenet():
-    states = []
-    for zero_init in (False, True):
-        torch.manual_seed(0)
-        states.append(small_model("densenet121", zero_init_residual=zero_init).state_dict())
-    assert all(torch.equal(states[0][key], states[1][key]) for key in states[0])
 
 
 # ---------------------------------------------------------------- memory-efficient DenseNet

@@ -12,7 +12,7 @@ from src.parallel.preemption import EXIT_PREEMPTED
 from src.tracking.store import ensure_store, experiment_id
 from src.tracking.sweep import parent_status
 from src.training import checkpoint
-from tests.helpers import RESULTS, history, run_cli, runs, small_run
+from tests.helpers import RESULTS, history, own_messages, run_cli, runs, small_run
 
 NOT_RESULTS = ("perf/", "mem/", "time/")  # measurements of the process, not results
 
@@ -137,7 +137,7 @@ def test_an_experiment_with_artifacts_under_the_working_directory_is_used_with_o
     monkeypatch.chdir(tmp_path)
     with caplog.at_level(logging.WARNING, logger="src.tracking.store"):
         assert experiment_id(client, "old") == experiment_id(client, "old") == created
-    assert [r.getMessage() for r in caplog.records] == [
+    assert own_messages(caplog) == [
         f"experiment old keeps its artifacts in {tmp_path / 'mlruns' / 'old'}, under the working directory "
         f"{tmp_path}: run from another folder, or set mlflow.experiment to a new experiment (its artifacts go "
         "beside the store)"

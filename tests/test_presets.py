@@ -49,9 +49,9 @@ def test_memory_preset_crosses_the_savers_at_one_effective_batch():
 
 
 def test_an_override_next_to_a_preset_pins_that_key():
-    configs = jobs("preset=memory", "amp=true", "model=resnet18", "effective_batch_size=16")
+    configs = jobs("preset=memory", "amp=true", "model=densenet169", "effective_batch_size=16")
     assert len(configs) == 12 and {(c.amp, c.model.name, c.effective_batch_size) for c in configs} == {
-        (True, "resnet18", 16)
+        (True, "densenet169", 16)
     }
 
 

@@ -87,6 +87,12 @@ NOT_SPEED = (  # params that do not change the time per sample (device and threa
     "data.num_classes",
     "data.task",
     "data.synthetic_samples",
+    "data.labels",  # data=nifti: what the volumes are and how they were prepared, not their size
+    "data.classes",
+    "data.split_",
+    "data.spacing",
+    "data.intensity",
+    "data.window_",
     "effective_batch_size",
     "mem_budget_mb",
     "oom_retry",

@@ -7,11 +7,14 @@ from typing import Any
 from torch import nn
 
 from src.config import DataConfig, ModelConfig
-from src.models import densenet3d, resnet3d  # noqa: F401  (registers the models)
-from src.models.layers import Layers, resolve_stem
-from src.models.registry import MODELS
+from src.models import resnet3d  # noqa: F401  (registers the ResNets, then the DenseNets: preset=models' order)
 
-__all__ = ["MODELS", "build_model", "model_kwargs"]
+# isort: split
+from src.models import densenet3d  # noqa: F401
+from src.models.layers import Layers, resolve_stem
+from src.models.registry import MODELS, check_model
+
+__all__ = ["MODELS", "build_model", "check_model", "model_kwargs"]
 
 
 def build_model(cfg: ModelConfig, data: DataConfig) -> nn.Module:
@@ -23,11 +26,11 @@ def build_model(cfg: ModelConfig, data: DataConfig) -> nn.Module:
     """
     if cfg.name not in MODELS:
         raise ValueError(f"unknown model.name={cfg.name!r}; valid names: {', '.join(MODELS)}")
-    return MODELS[cfg.name](**model_kwargs(cfg, data))
+    return MODELS[cfg.name].build(**model_kwargs(cfg, data))
 
 
 def model_kwargs(cfg: ModelConfig, data: DataConfig) -> dict[str, Any]:
-    """The plain values a zoo member takes, from the only reader of :class:`ModelConfig`."""
+    """The plain values ``cfg.name`` takes: the layer switches, and the switches it declares (registry)."""
     layers = Layers(cfg.activation, cfg.norm, cfg.dsconv, cfg.dsconv_mid_norm, cfg.inplace_act)
     return {
         "in_channels": data.in_channels,
@@ -36,7 +39,5 @@ def model_kwargs(cfg: ModelConfig, data: DataConfig) -> dict[str, Any]:
         "layers": layers,
         "init": cfg.init,
         "init_mode": cfg.init_mode,
-        "shortcut": cfg.shortcut,
-        "zero_init_residual": cfg.zero_init_residual,
-        "checkpointing": cfg.checkpointing,
+        **{switch: getattr(cfg, switch) for switch in MODELS[cfg.name].switches},
     }

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from src.config import Init, InitMode, Shortcut, Stem
+from src.config import Init, InitMode, Stem
 from src.models.layers import HalvingAvgPool3d, Layers, init_weights
 from src.models.registry import register_model
 
@@ -105,8 +105,6 @@ class DenseNet3D(nn.Sequential):
     maps already below 2 voxels (:class:`HalvingAvgPool3d`), so every stem runs at 28^3. With
     ``checkpointing``, every dense layer's bottleneck and every transition's norm-act-conv are recomputed in
     backward instead of stored.
-    ``zero_init_residual`` and ``shortcut`` are accepted and ignored: a DenseNet has no residual branch, and
-    the switches stay valid across a zoo-wide sweep.
 
     Args:
         block_config: dense layers per block.
@@ -132,8 +130,6 @@ class DenseNet3D(nn.Sequential):
         init: Init,
         init_mode: InitMode,
         checkpointing: bool = False,
-        shortcut: Shortcut = Shortcut.B,
-        zero_init_residual: bool = False,
         growth_rate: int = 32,
         init_features: int = 64,
         bn_size: int = 4,
@@ -156,25 +152,28 @@ class DenseNet3D(nn.Sequential):
         init_weights(self, init, init_mode, layers.activation)
 
 
-@register_model
+RECOMPUTED = ("checkpointing",)  # the switch a DenseNet acts on beyond the layer switches
+
+
+@register_model(RECOMPUTED)
 def densenet121(**kwargs: Any) -> DenseNet3D:
     """DenseNet-121: blocks (6, 12, 24, 16)."""
     return DenseNet3D((6, 12, 24, 16), **kwargs)
 
 
-@register_model
+@register_model(RECOMPUTED)
 def densenet169(**kwargs: Any) -> DenseNet3D:
     """DenseNet-169: blocks (6, 12, 32, 32)."""
     return DenseNet3D((6, 12, 32, 32), **kwargs)
 
 
-@register_model
+@register_model(RECOMPUTED)
 def densenet201(**kwargs: Any) -> DenseNet3D:
     """DenseNet-201: blocks (6, 12, 48, 32)."""
     return DenseNet3D((6, 12, 48, 32), **kwargs)
 
 
-@register_model
+@register_model(RECOMPUTED)
 def densenet264(**kwargs: Any) -> DenseNet3D:
     """DenseNet-264: blocks (6, 12, 64, 48)."""
     return DenseNet3D((6, 12, 64, 48), **kwargs)

@@ -120,7 +120,6 @@ class ResNet3D(nn.Sequential):
         init, init_mode: weight initialisation.
         shortcut: the projection of a block that changes shape (A: zero-padded identity, B: 1^3 conv).
         zero_init_residual: each block's last norm starts at zero (the block starts as its shortcut).
-        checkpointing: not used (no recomputation here), accepted so one switch spans the zoo.
         widths: stage widths before the block expansion; the stem has ``widths[0]`` channels.
     """
 
@@ -136,7 +135,6 @@ class ResNet3D(nn.Sequential):
         init_mode: InitMode,
         shortcut: Shortcut = Shortcut.B,
         zero_init_residual: bool = False,
-        checkpointing: bool = False,
         widths: Sequence[int] = (64, 128, 256, 512),
     ) -> None:
         stages = OrderedDict(stem=layers.stem(in_channels, widths[0], stem))
@@ -157,43 +155,46 @@ class ResNet3D(nn.Sequential):
                     nn.init.zeros_(module.branch[-1].weight)
 
 
-@register_model
+RESIDUAL = ("shortcut", "zero_init_residual")  # the switches a ResNet acts on beyond the layer switches
+
+
+@register_model(RESIDUAL)
 def resnet10(**kwargs: Any) -> ResNet3D:
     """ResNet-10: basic blocks (1, 1, 1, 1)."""
     return ResNet3D(BasicBlock, (1, 1, 1, 1), **kwargs)
 
 
-@register_model
+@register_model(RESIDUAL)
 def resnet18(**kwargs: Any) -> ResNet3D:
     """ResNet-18: basic blocks (2, 2, 2, 2)."""
     return ResNet3D(BasicBlock, (2, 2, 2, 2), **kwargs)
 
 
-@register_model
+@register_model(RESIDUAL)
 def resnet34(**kwargs: Any) -> ResNet3D:
     """ResNet-34: basic blocks (3, 4, 6, 3)."""
     return ResNet3D(BasicBlock, (3, 4, 6, 3), **kwargs)
 
 
-@register_model
+@register_model(RESIDUAL)
 def resnet50(**kwargs: Any) -> ResNet3D:
     """ResNet-50: bottlenecks (3, 4, 6, 3)."""
     return ResNet3D(Bottleneck, (3, 4, 6, 3), **kwargs)
 
 
-@register_model
+@register_model(RESIDUAL)
 def resnet101(**kwargs: Any) -> ResNet3D:
     """ResNet-101: bottlenecks (3, 4, 23, 3)."""
     return ResNet3D(Bottleneck, (3, 4, 23, 3), **kwargs)
 
 
-@register_model
+@register_model(RESIDUAL)
 def resnet152(**kwargs: Any) -> ResNet3D:
     """ResNet-152: bottlenecks (3, 8, 36, 3)."""
     return ResNet3D(Bottleneck, (3, 8, 36, 3), **kwargs)
 
 
-@register_model
+@register_model(RESIDUAL)
 def resnet200(**kwargs: Any) -> ResNet3D:
     """ResNet-200: bottlenecks (3, 24, 36, 3)."""
     return ResNet3D(Bottleneck, (3, 24, 36, 3), **kwargs)

@@ -12,6 +12,7 @@ import torch
 from src.config import Config, Norm
 from src.data import load_splits, split_sizes
 from src.errors import UsageError
+from src.models.registry import MODELS
 from src.perf.memory import predict
 from src.training.build import build_trainer
 
@@ -108,10 +109,12 @@ def at_batch(cfg: Config, batch_size: int, world: int) -> Config:
     )
 
 
-def no_batch_fits(budget: float) -> UsageError:
+def no_batch_fits(cfg: Config, budget: float) -> UsageError:
+    checkpoints = "checkpointing" in MODELS[cfg.model.name].switches
+    savers = "amp=true, model.checkpointing=true" if checkpoints else "amp=true"
     return UsageError(
         f"batch_size=auto: no micro-batch fits mem_budget_mb={budget:.0f}: raise mem_budget_mb, "
-        f"or save memory (amp=true, model.checkpointing=true)"
+        f"or save memory ({savers})"
     )
 
 
@@ -144,7 +147,7 @@ def fit_batch(cfg: Config, device: torch.device, world: int) -> tuple[Config, di
             "batch.auto_predicted_mb": f"{predicted:.0f}",
             "batch.auto_probe_mb": f"{measured:.0f}",
         }
-    raise no_batch_fits(budget)
+    raise no_batch_fits(cfg, budget)
 
 
 def predicted_batch(cfg: Config, device: torch.device, world: int) -> Config:
@@ -152,5 +155,5 @@ def predicted_batch(cfg: Config, device: torch.device, world: int) -> Config:
     candidate; a probe may still refuse it."""
     budget, batches = predicted_candidates(cfg, device, world)
     if not batches:
-        raise no_batch_fits(budget)
+        raise no_batch_fits(cfg, budget)
     return at_batch(cfg, batches[0], world)

@@ -4,11 +4,16 @@ Each is named ``<file stem>/<split>`` (``adrenalmnist3d_64/train``), digested by
 ``src.data.ensure_file`` verified: MedMNIST's files changed between versions), and profiled with the split's
 samples and class counts, the file's size and medmnist's version; its context tag is MLflow's
 ``training``/``validation``/``test``. The schema is the uint8 volumes and int64 labels as tensors.
+
+A NIfTI folder's (``data=nifti``) is named ``<folder>_<size>/<split>``, its source the labels CSV, digested by the MD5
+of the CSV and the volumes (from its cache), and profiled with its classes, the spacing its volumes were resampled to
+and MONAI's version.
 """
 
 from __future__ import annotations
 
 import json
+from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
@@ -18,22 +23,39 @@ from mlflow.entities import Dataset, DatasetInput, InputTag
 from mlflow.types import Schema, TensorSpec
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-from src.config import DataConfig
+from src.config import NIFTI, DataConfig
 from src.data import SYNTHETIC, expected_md5, md5
+from src.volumes import read_meta
 
 CONTEXTS = {"train": "training", "val": "validation", "test": "test"}
 
 
 def file_digest(cfg: DataConfig, path: Path) -> str:
-    """The file's MD5: medmnist's, which ``ensure_file`` checked the file against, or the synthetic file's own."""
+    """The file's MD5: medmnist's, which ``ensure_file`` checked the file against, or the synthetic file's own; a NIfTI
+    folder's cache: the MD5 of its CSV and volumes."""
+    if cfg.name == NIFTI:
+        return read_meta(path)["digest"]
     return md5(path) if cfg.name == SYNTHETIC else expected_md5(cfg)
+
+
+def source(cfg: DataConfig, path: Path) -> tuple[str, str, dict]:
+    """The dataset's name (before ``/<split>``), the URI of its source and what its profile says of them."""
+    if cfg.name == NIFTI:
+        meta = read_meta(path)
+        profile = {key: meta[key] for key in ("root", "labels", "classes", "split_given")}
+        cache = {"spacing_mm": meta["spacing"], "cache": path.name, "cache_bytes": path.stat().st_size}
+        name = f"{Path(meta['root']).name}_{cfg.size}"
+        return name, Path(meta["labels"]).as_uri(), profile | cache | {"monai_version": version("monai")}
+    import medmnist
+
+    about = {"file": path.name, "file_bytes": path.stat().st_size, "medmnist_version": medmnist.__version__}
+    return path.stem, path.resolve().as_uri(), {"flag": cfg.name, **about}
 
 
 def split_dataset(
     cfg: DataConfig, path: Path, split: str, images: torch.Tensor, labels: torch.Tensor, digest: str
 ) -> Dataset:
-    import medmnist
-
+    name, uri, about = source(cfg, path)
     schema = TensorDatasetSchema(
         features=Schema([TensorSpec(np.dtype(np.uint8), (-1, *images.shape[1:]), "images")]),
         targets=Schema([TensorSpec(np.dtype(np.int64), (-1,), "labels")]),
@@ -42,17 +64,14 @@ def split_dataset(
         "split": split,
         "num_samples": len(labels),
         "class_counts": torch.bincount(labels, minlength=cfg.num_classes).tolist(),
-        "flag": cfg.name,
         "size": cfg.size,
-        "file": path.name,
-        "file_bytes": path.stat().st_size,
-        "medmnist_version": medmnist.__version__,
+        **about,
     }
     return Dataset(
-        name=f"{path.stem}/{split}",
+        name=f"{name}/{split}",
         digest=digest,
         source_type="local",
-        source=json.dumps({"uri": path.resolve().as_uri()}),
+        source=json.dumps({"uri": uri}),
         schema=json.dumps(schema.to_dict()),
         profile=json.dumps(profile),
     )

@@ -26,10 +26,27 @@ NOT_HASHED = (
     "tags",
     "dry_run",
 )  # how a job is started and what it returns
+ADDED = {  # keys added 2026-11-24, at the values that train as runs logged before them did: their hashes stay
+    "select_by": "val_auc",
+    "data.labels": "None",
+    "data.classes": "None",
+    "data.split_fractions": "[0.7, 0.1, 0.2]",
+    "data.split_seed": "0",
+    "data.spacing": "None",
+    "data.intensity": "minmax",
+    "data.window_level": "40.0",
+    "data.window_width": "400.0",
+}
 NOT_NAMED = (*NOT_HASHED, "hydra.", "hydra/")  # run names leave out Hydra's own settings too
 NAME_LIMIT = 160  # characters (MLflow keeps 250); a longer name is cut and ends with the hash
 PACKAGE = Path(__file__).resolve().parents[1]  # src/
-NOT_FINGERPRINTED = ("report/", "summary.py", "memory.py", "jobs/dry_run.py")  # paths under src/ that train nothing
+NOT_FINGERPRINTED = (
+    "report/",
+    "summary.py",
+    "memory.py",
+    "jobs/dry_run.py",
+    "volumes/__main__.py",
+)  # paths under src/ that train nothing
 
 
 def flatten(cfg: DictConfig) -> dict[str, str]:
@@ -44,8 +61,9 @@ def flatten(cfg: DictConfig) -> dict[str, str]:
 
 
 def config_hash(params: dict[str, str]) -> str:
-    """A short hash of what determines a run's results (not where it logs or caches data)."""
-    kept = {k: v for k, v in params.items() if not k.startswith(NOT_HASHED)}
+    """A short hash of what determines a run's results (not where it logs or caches data); a key added after runs
+    were logged counts only away from the value that trains as before it existed (:data:`ADDED`)."""
+    kept = {k: v for k, v in params.items() if not k.startswith(NOT_HASHED) and ADDED.get(k) != v}
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -8,7 +8,6 @@ import math
 import warnings
 from pathlib import Path
 
-import medmnist
 import numpy as np
 import pandas as pd
 from medmnist.evaluator import getACC, getAUC
@@ -71,12 +70,6 @@ def clinical_metrics(labels: np.ndarray, scores: np.ndarray, task: str) -> dict[
     else:
         metrics |= {f"auc_class{k}": one_vs_rest_auc(labels, scores, k) for k in range(scores.shape[1])}
     return metrics
-
-
-def class_names(flag: str, num_classes: int) -> list[str]:
-    """MedMNIST's class names in class order; ``["0", "1", ...]`` for a dataset it does not know (``synthetic``)."""
-    names = medmnist.INFO.get(flag, {}).get("label")
-    return [names[str(k)] for k in range(num_classes)] if names else [str(k) for k in range(num_classes)]
 
 
 def write_eval_artifacts(

@@ -36,10 +36,10 @@ class Selection:
         }[self.rule]()
 
     def improves(self, metrics: dict[str, float], epoch: int, first: bool) -> bool:
-        """Whether this epoch is the best so far: the first always is (there are weights to test), and any epoch is
-        after a first one scored NaN."""
+        """Whether this epoch is the best so far: the first always is (there are weights to test); a scored epoch
+        is better than NaN, a NaN one never better."""
         score = self.score(metrics, epoch)
-        if first or math.isnan(self.best) or score > self.best:
+        if first or (not math.isnan(score) and (math.isnan(self.best) or score > self.best)):
             self.best = score
             return True
         return False

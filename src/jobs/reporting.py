@@ -1,0 +1,139 @@
+"""What a rank reports: the main rank logs to the job's MLflow run and writes the job's files
+(:class:`MainReporter`); every other rank reports nothing (:class:`Reporter`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from src.data import class_names, npz_path, to_input
+from src.jobs import resume
+from src.parallel.launch import METRICS_FILE
+from src.perf.memory import predicted_memory_metrics
+from src.perf.startup import StartupClock
+from src.resolve import resolve_amp_dtype
+from src.tracking.datasets import dataset_inputs
+from src.tracking.logged_model import log_model
+from src.tracking.runs import RunLogger
+from src.tracking.store import ensure_store
+from src.training import checkpoint
+from src.training.meters import MIN_TIMED_STEPS
+from src.training.metrics import write_eval_artifacts
+from src.training.mfu import Mfu
+from src.training.trainer import Trainer
+
+if TYPE_CHECKING:
+    from src.jobs.rank import Job
+
+log = logging.getLogger(__name__)
+Splits = dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+
+class Reporter:
+    """A rank that reports nothing: every rank but the main one."""
+
+    epoch_metrics: tuple[Callable[[dict[str, float]], dict[str, float]], ...] = ()
+
+    def started(self, trainer: Trainer, threads: int, splits: Splits) -> None:
+        """The trainer is built (and its state not yet loaded)."""
+
+    def resumed(self, trainer: Trainer) -> None:
+        """The trainer loaded the checkpoint it resumes from."""
+
+    def startup(self, clock: StartupClock, step: int) -> None:
+        """The job is ready to train."""
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """An epoch's metrics."""
+
+    def log_tested(self, metrics: dict[str, float], step: int) -> None:
+        """The test metrics and the run's final figures."""
+
+    def finished(self, trainer: Trainer, final: dict[str, float]) -> None:
+        """Training and the test are done."""
+
+
+class MainReporter(Reporter):
+    """The main rank's reporting: the run's tags, dataset inputs, start-up, epoch and test metrics (the tested
+    weights as an MLflow model with ``mlflow.log_model``); then the evaluation artifacts, ``best.pt`` and
+    ``metrics.json`` in the job's folder."""
+
+    def __init__(self, job: Job, device: torch.device, world: int) -> None:
+        self.job, self.device = job, device
+        self.mfu = Mfu.of(job.cfg, device, world)
+        self.epoch_metrics = (predicted_memory_metrics(job.cfg, device), self.mfu)
+        self.resumed_at_end = False  # trained to the end before it stopped: the test may be logged already
+
+    def started(self, trainer: Trainer, threads: int, splits: Splits) -> None:
+        cfg = self.job.cfg
+        amp_dtype = str(resolve_amp_dtype(cfg, self.device)).removeprefix("torch.") if cfg.amp else "float32"
+        if cfg.amp and amp_dtype == "float32":
+            log.warning(
+                "amp=true: this CPU has no native bf16 (avx512_bf16/AMX), where autocast runs ~100x slower; "
+                "training in float32 (amp_dtype=bfloat16 forces it)"
+            )
+        self.run = RunLogger(ensure_store(self.job.tracking_uri), self.job.run_id)
+        tags = {"amp.dtype": amp_dtype, "mem.source": trainer.memory.source, "device": str(self.device)}
+        self.run.set_tags({**tags, "num_threads": str(threads), **self.mfu.tags()})
+        self.mfu.on_new_peak = lambda peak: self.run.set_tags(self.mfu.tags())
+        self.trainer, self.splits = trainer, splits
+        self.inputs = dataset_inputs(cfg.data, npz_path(cfg.data), splits)
+        if not self.job.resume_from:
+            self.run.log_inputs(self.inputs)
+
+    def resumed(self, trainer: Trainer) -> None:
+        if trainer.last_metrics:  # the checkpoint is written first: its epoch may not be logged yet
+            resume.log_missing(self.run, trainer.last_metrics, trainer.epoch - 1)
+        self.resumed_at_end = trainer.epoch == self.job.cfg.epochs
+
+    def startup(self, clock: StartupClock, step: int) -> None:
+        self.run.log_metrics(clock.metrics(), step=step)
+        log.info("start-up %.1f s (%s)", clock.metrics()["time/startup_s"], clock.summary())
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        if self.resumed_at_end:
+            resume.log_missing(self.run, metrics, step)
+        else:
+            self.run.log_metrics(metrics, step)
+
+    def log_tested(self, metrics: dict[str, float], step: int) -> None:
+        """Log the test metrics, linked to the test split's dataset and, with ``mlflow.log_model``, to the tested
+        weights logged first as the run's MLflow model."""
+        if self.resumed_at_end:
+            resume.log_missing(self.run, metrics, step)
+            return
+        model_id = None
+        if self.job.cfg.mlflow.log_model:
+            model_id = log_model(self.run, self.trainer.evaluated, to_input(self.splits["test"][0][:2]), step)
+            log.info("logged the tested weights as MLflow model %s (models:/%s)", model_id, model_id)
+        test = {key: value for key, value in metrics.items() if key.startswith("test/")}
+        self.run.log_metrics(test, step, model_id, self.inputs[-1].dataset)
+        self.run.log_metrics({key: value for key, value in metrics.items() if key not in test}, step, model_id)
+
+    def finished(self, trainer: Trainer, final: dict[str, float]) -> None:
+        cfg, folder = self.job.cfg, self.job.output_dir
+        names = class_names(cfg.data)
+        write_eval_artifacts(*trainer.test_predictions, cfg.data.task, names, folder / "eval")
+        checkpoint.save_weights(trainer.best_state, folder / checkpoint.BEST_FILE)
+        (folder / METRICS_FILE).write_text(json.dumps(final, indent=2))
+        self.tag_speed_basis(trainer, final)
+
+    def tag_speed_basis(self, trainer: Trainer, final: dict[str, float]) -> None:
+        """Tag ``perf.contended`` and say when the run timed too few steps, or was contended, for its speed to
+        compare."""
+        self.run.set_tags({"perf.contended": str(trainer.contended).lower()})
+        steps = final.get("perf/steps_timed", 0)
+        if steps < MIN_TIMED_STEPS:
+            log.warning(
+                "only %d steps timed (fewer than %d): this run's speed is no basis for comparison",
+                steps,
+                MIN_TIMED_STEPS,
+            )
+        if trainer.contended:
+            log.warning(
+                "other processes shared the machine while this run trained (perf/others_cpu): its speed is "
+                "no basis for comparison; the run is tagged perf.contended=true"
+            )

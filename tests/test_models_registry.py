@@ -73,6 +73,7 @@ def test_a_model_composes_to_its_declared_defaults(name):
     assert OmegaConf.to_object(compose_config(f"model={name}")).model == ModelConfig(name=name, **MODELS[name].defaults)
 
 
+@pytest.mark.slow
 def test_a_model_registered_in_another_module_composes_is_swept_and_trains(tinynet, tmp_path, store, shared_data):
     options, swept = zoo_options()
     assert tinynet in options and swept.split(",")[-1] == tinynet

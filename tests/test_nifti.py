@@ -422,6 +422,7 @@ def test_the_memory_predictor_takes_other_cube_sizes(tmp_path):
 # ---------------------------------------------------------------- commands
 
 
+@pytest.mark.slow
 def test_the_inspect_command_builds_and_describes_the_cache(tmp_path):
     six(tmp_path)
     result = run_cli("data=nifti", f"data.root={tmp_path}", "data.size=16", module="src.volumes", timeout=300)

@@ -117,6 +117,7 @@ def test_resume_of_a_config_that_already_finished_is_refused(tmp_path, store):
     assert plan_job(compose_config(*anyway), hydra_job(tmp_path / "j", anyway)).resume.run_id == killed
 
 
+@pytest.mark.slow
 def test_a_run_in_use_is_not_resumed_by_another_process(tmp_path, store, shared_data):
     client = ensure_store(store)
     killed = unfinished_run(client, ["model=resnet10"], tmp_path / "run", "KILLED")
@@ -160,6 +161,7 @@ def test_a_corrupt_checkpoint_is_one_line_for_resume_and_a_warning_for_a_new_run
 # -- a loss that turns NaN ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_diverged_run_ends_failed_in_one_line(tmp_path, store, shared_data):
     result = run_cli(*small_run(tmp_path, store, shared_data, "epochs=1", "optim.lr=1e30"))
     (run,) = runs(store)

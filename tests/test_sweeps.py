@@ -219,6 +219,7 @@ def test_sigterm_to_a_joblib_sweep_checkpoints_its_jobs_and_the_same_command_res
     assert not list((tmp_path / "sweep").glob("*/checkpoint.pt"))
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_a_sweep_with_its_resume_command_and_no_job_starts_after_it(tmp_path, store, shared_data):
     """SIGINT to the whole process group, as a terminal sends it."""
     process, log = start_sweep(tmp_path, *small_run(tmp_path, store, shared_data, *TRAINING, "seed=0,1"))

@@ -68,39 +68,44 @@ class Effect:
         return self.show(value) if np.isfinite(value) else "-"
 
 
-SPEED_EFFECT = Effect(
-    pair="speed_ratio",
-    mean="speed_ratio",
-    lo="speed_lo",
-    hi="speed_hi",
-    verdict="speed_verdict",
-    more_pairs="speed_more_pairs",
-    margin="speed_margin",
-    above="faster",
-    below="slower",
-    inside=NO_DIFFERENCE,
-    undefined="a samples/s is missing",
-    label="samples/s",
-    show=lambda r: f"×{r:.2f}",
-    ratio=True,
+def ratio_effect(name: str, above: str, below: str, undefined: str, label: str, show, **extra) -> Effect:
+    """A switch's effect as a geometric-mean ratio, its columns named ``<name>_ratio``, ``<name>_lo``, ..."""
+    return Effect(
+        pair=f"{name}_ratio",
+        mean=f"{name}_ratio",
+        lo=f"{name}_lo",
+        hi=f"{name}_hi",
+        verdict=f"{name}_verdict",
+        more_pairs=f"{name}_more_pairs",
+        margin=f"{name}_margin",
+        above=above,
+        below=below,
+        inside=NO_DIFFERENCE,
+        undefined=undefined,
+        label=label,
+        show=show,
+        ratio=True,
+        **extra,
+    )
+
+
+SPEED_EFFECT = ratio_effect(
+    "speed",
+    "faster",
+    "slower",
+    "a samples/s is missing",
+    "samples/s",
+    lambda r: f"×{r:.2f}",
     timed=True,
     pairs="speed_pairs",
 )
-MEMORY_EFFECT = Effect(
-    pair="memory_ratio",
-    mean="memory_ratio",
-    lo="memory_lo",
-    hi="memory_hi",
-    verdict="memory_verdict",
-    more_pairs="memory_more_pairs",
-    margin="memory_margin",
-    above="more memory",
-    below="less memory",
-    inside=NO_DIFFERENCE,
-    undefined="a peak memory is missing or 0",
-    label="peak memory",
-    show=lambda r: f"{(r - 1) * 100:+.0f}%",
-    ratio=True,
+MEMORY_EFFECT = ratio_effect(
+    "memory",
+    "more memory",
+    "less memory",
+    "a peak memory is missing or 0",
+    "peak memory",
+    lambda r: f"{(r - 1) * 100:+.0f}%",
 )
 AUC_EFFECT = Effect(
     pair="dauc",

@@ -36,6 +36,13 @@ def npz_name(flag: str, size: int) -> str:
     return f"{flag}{'' if size == 28 else f'_{size}'}.npz"
 
 
+def content_params(cfg: DataConfig) -> dict[str, str]:
+    """What a run's config cannot say of its data: a NIfTI folder's content (the cache's key: the CSV's rows, each
+    file's size and time, the preprocessing keys), so a changed folder is another config; nothing for MedMNIST's
+    files, checked against their MD5."""
+    return {"data.content": npz_path(cfg).stem} if cfg.name == NIFTI else {}
+
+
 def npz_path(cfg: DataConfig) -> Path:
     """Where the file for ``cfg`` lives: ``<root>/<flag>[_<size>].npz``, the synthetic flag named by its samples; a
     NIfTI folder's cache (:func:`src.volumes.cache_path`)."""

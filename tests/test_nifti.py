@@ -19,7 +19,7 @@ import torch
 from omegaconf import OmegaConf
 
 from src.config import ModelConfig, Stem
-from src.data import REBUILD, check_file, class_names, load_splits, npz_path, split_sizes
+from src.data import REBUILD, check_file, class_names, content_params, load_splits, npz_path, split_sizes
 from src.errors import UsageError
 from src.models import MODELS, build_model
 from src.perf.memory import predict
@@ -198,6 +198,19 @@ def test_the_cache_is_reused_and_rebuilt_when_a_file_the_csv_or_a_key_changes(tm
     keyed["csv"] = ensure(cfg)
     assert len({first, *keyed.values()}) == 1 + len(keyed), keyed
     assert first.exists()  # another key's cache stays (a sweep over data.size needs both)
+
+
+def test_a_changed_folder_is_another_config_so_a_finished_run_is_not_skipped_for_it(tmp_path):
+    """The config says where the volumes are, not what they hold: ``data.content`` (a param, in the config hash)
+    does."""
+    six(tmp_path)
+    cfg = nifti(tmp_path, "data.size=16")
+    before = content_params(cfg)
+    assert content_params(cfg) == before and set(before) == {"data.content"}
+    save(tmp_path / "a0.nii.gz", noise(99))
+    assert content_params(cfg) != before
+    medmnist = OmegaConf.to_object(compose_config("data=adrenalmnist3d")).data
+    assert content_params(medmnist) == {}  # checked against its MD5 instead
 
 
 def test_the_cache_lives_beside_the_data_without_medsweep_cache_dir(tmp_path, monkeypatch, cache_dir):

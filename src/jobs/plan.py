@@ -17,6 +17,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from src.config import Config
+from src.data import content_params
 from src.errors import UsageError
 from src.jobs import resume as resumption
 from src.jobs.rerun import rerun_config
@@ -77,7 +78,7 @@ def plan_job(cfg: DictConfig, hydra_cfg: DictConfig, follower: bool = False) -> 
     if rerun_of:
         cfg, name = rerun_config(cfg, overrides, ensure_store(tracking_uri(cfg)))
     typed, device = validate(cfg)
-    params = flatten(cfg)
+    params = flatten(cfg) | content_params(typed.data)
     hashed = config_hash(params)
     finished, busy = None, None
     if typed.skip_finished and not rerun_of:

@@ -109,8 +109,10 @@ def test_without_log_model_a_run_logs_no_model_and_register_says_how_to_get_one(
 
 
 def run_val_auc(uri: str, run: mlflow.entities.Run) -> str:
+    """The validation AUC of the epoch the run tested (``best_epoch``, chosen by ``select_by``)."""
     history = mlflow.MlflowClient(uri).get_metric_history(run.info.run_id, "val/auc")
-    return f"{max(metric.value for metric in history):.4f}"
+    tested = int(run.data.metrics["best_epoch"]) - 1  # epochs are logged at step epoch - 1
+    return f"{next(metric.value for metric in history if metric.step == tested):.4f}"
 
 
 @pytest.mark.slow

@@ -97,6 +97,9 @@ READ_METRIC_GRID = """() => {
 }"""
 
 
+TEST_ROWS_AT = 600  # pixels down the metrics grid: the test/ rows, past mem/, model/ and perf/
+
+
 def scroll_metrics(page: Page, pixels: int) -> None:
     """Wheel the metrics grid down; MLflow 3.17 moves the names column one scroll event late (it reads the
     values grid's scroll state before React commits it), so a last 1-pixel event brings the names along."""
@@ -138,18 +141,19 @@ def check_ui(chromium: Path, links: dict[str, str], runs: list[mlflow.entities.R
 
             page.goto(links["compare"])
             expect(page.get_by_text(f"Comparing {len(runs)} Runs from 1 Experiment")).to_be_visible()
-            expect(page.get_by_role("grid").get_by_text("test/auc", exact=True)).to_be_visible()  # not a spinner
+            expect(page.get_by_role("grid").get_by_text("best_epoch", exact=True)).to_be_visible()  # not a spinner
             assert table_row(page, "Run ID:") == ids  # one column per run, in the URL's order
             assert table_row(page, "Run Name:") == [run.info.run_name for run in runs]
             assert table_row(page, "amp") == [run.data.params["amp"] for run in runs]
-            metrics = page.evaluate(READ_METRIC_GRID)  # the rows in view (virtualized: the val/ rows lie below)
+            scroll_metrics(page, TEST_ROWS_AT)  # the grid is virtualized: the test/ rows lie below the perf/ ones
+            expect(page.get_by_role("grid").first.get_by_text("test/auc", exact=True)).to_be_visible()
+            metrics = page.evaluate(READ_METRIC_GRID)  # the rows in view
             for key in ("test/auc", "test/acc"):
                 assert metrics[key] == [as_shown(run.data.metrics[key]) for run in runs], (key, metrics)
 
             page.get_by_role("switch", name="Parameters - Show diff only").click()
             expect(row_header(page, "model.name")).to_have_count(0)
             assert table_row(page, "amp") == [run.data.params["amp"] for run in runs]  # the parameter that differs
-            scroll_metrics(page, 360)  # to the test/ rows, for the screenshot
             expect(page.get_by_role("grid").first.get_by_text("test/auc", exact=True)).to_be_in_viewport()
             page.screenshot(path=folder / "compare_runs.png")
         finally:

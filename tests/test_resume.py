@@ -33,7 +33,15 @@ from tests.helpers import RESULTS, ROOT, compose_config, history, kill_group, ru
 EPOCHS = 4
 RUN = (f"epochs={EPOCHS}", "skip_finished=false", "checkpoint.keep=always")  # train again; compare checkpoints
 NOT_RESULTS = ("perf/", "mem/", "time/")  # measurements of the process, not results
-FINAL = ("test/", "model/", "time/total_s", "best_epoch", "stopped_epoch")  # logged once, at step `epochs`
+FINAL = (  # logged once, at step `epochs`
+    "test/",
+    "model/",
+    "time/total_s",
+    "best_epoch",
+    "stopped_epoch",
+    "perf/samples_per_s_",
+    "perf/steps_timed",
+)
 STARTUP = "time/startup"  # logged by each start of the run
 
 

@@ -11,7 +11,7 @@ from mlflow.entities import Run
 from src.errors import UsageError
 
 log = logging.getLogger(__name__)
-RANKED_BY = "val/auc"  # the tested epoch's validation AUC (select_by): never the test split, which would leak into the choice
+RANKED_BY = "val/auc"  # at the tested epoch (select_by); never the test split, which would leak into the choice
 
 
 def register_best(frame: pd.DataFrame, runs: list[Run], name: str, uri: str) -> str:

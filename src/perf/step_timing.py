@@ -31,13 +31,13 @@ import torch
 from scipy import stats
 
 from src.perf.probe_cache import Entry, ProbeCache, age, key, machine
+from src.training.meters import CONTENDED_CORES, busy_cpu_seconds, tree_cpu_seconds
 
 WARMUP = 1  # untimed steps first: allocations, oneDNN primitives, optimizer state
 TARGET = 0.10  # stop once the 95% interval of the mean step time is within ±10% ...
 MIN_STEPS = 3  # ... of at least this many timed steps (an interval from two is ~6x their difference wide)
 MAX_STEPS = 30  # ... or at this many
 MAX_SECONDS = 2.5  # ... or once two or more timed steps took this long
-CONTENDED_CORES = 0.25  # other processes using this many cores' worth beyond the free ones make a timing busy
 MAX_AGE = datetime.timedelta(days=7)
 BUSY_MAX_AGE = datetime.timedelta(hours=1)
 
@@ -67,28 +67,17 @@ def enough(times: list[float]) -> bool:
     return (n >= 2 and sum(times) >= MAX_SECONDS) or (n >= MIN_STEPS and (n >= MAX_STEPS or spread(times) <= TARGET))
 
 
-def busy_cpu_seconds() -> float:
-    """CPU seconds the machine spent busy, all cores, all processes (steal too: another VM had the core)."""
-    times = psutil.cpu_times()
-    return sum(getattr(times, field, 0.0) for field in ("user", "nice", "system", "irq", "softirq", "steal"))
-
-
-def own_cpu_seconds() -> float:
-    times = psutil.Process().cpu_times()
-    return times.user + times.system
-
-
 def measure(step: Callable[[], float], threads: int) -> StepTime:
     """Time ``step`` (one optimizer step on ``threads`` CPU threads, returning its seconds) after :data:`WARMUP`
     untimed ones."""
     for _ in range(WARMUP):
         step()
-    machine_start, own_start, start = busy_cpu_seconds(), own_cpu_seconds(), time.perf_counter()
+    machine_start, own_start, start = busy_cpu_seconds(), tree_cpu_seconds(psutil.Process()), time.perf_counter()
     times: list[float] = []
     while not enough(times):
         times.append(step())
     elapsed = time.perf_counter() - start
-    others = max(0.0, (busy_cpu_seconds() - machine_start) - (own_cpu_seconds() - own_start)) / elapsed
+    others = max(0.0, (busy_cpu_seconds() - machine_start) - (tree_cpu_seconds(psutil.Process()) - own_start)) / elapsed
     busy = others >= max(0, psutil.cpu_count() - threads) + CONTENDED_CORES
     return StepTime(statistics.mean(times), spread(times), len(times), others, busy)
 

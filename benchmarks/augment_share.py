@@ -27,8 +27,8 @@ import shlex
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's src, also when run as a script
@@ -38,8 +38,7 @@ import torch.nn.functional as F  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from src import config as schema  # noqa: E402
-from src.config import AugConfig, Config, Stem  # noqa: E402
+from src.config import AugConfig, Config, Stem, register  # noqa: E402
 from src.data import to_input  # noqa: E402
 from src.models import build_model  # noqa: E402
 from src.parallel.ranks import seed_everything  # noqa: E402
@@ -180,7 +179,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    schema.register()
+    register()
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     print(header(args))
@@ -195,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
         "share bf16",
     ]
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
-    for size, batch in zip(args.sizes, args.batches):
+    for size, batch in zip(args.sizes, args.batches, strict=True):
         print("| " + " | ".join(row(args, size, batch)) + " |", flush=True)
     print(f"wall time {time.perf_counter() - started:.0f} s; load average at end {os.getloadavg()[0]:.2f}")
 

@@ -90,7 +90,7 @@ def run_cell(overrides: list[str], trace: str | None = None) -> dict:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from src import config as schema
+    from src.config import register
     from src.parallel.ranks import seed_everything
     from src.perf.memory import predict
     from src.resolve import resolve_device
@@ -98,13 +98,13 @@ def run_cell(overrides: list[str], trace: str | None = None) -> dict:
     from src.training.mfu import Mfu
     from src.training.trainer import Hooks
 
-    schema.register()
+    register()
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = OmegaConf.to_object(compose("config", overrides=overrides))
     device = resolve_device(cfg)
     seed_everything(cfg)
     prediction = predict(cfg, device)
-    trainer = build_trainer(cfg, device, hooks=Hooks(epoch_metrics=(Mfu.of(cfg, device, 1),)))
+    trainer = build_trainer(cfg, device, hooks=Hooks(epoch_metrics=(Mfu.from_config(cfg, device, 1),)))
     if trace:
         traced(trainer.memory, trace)
     logged = []

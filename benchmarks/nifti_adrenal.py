@@ -60,7 +60,7 @@ def main() -> None:
     rows = [
         (f"{split}/{split}_{i}.nii.gz", names[str(label)], split, volume)
         for split in SPLITS
-        for i, (volume, label) in enumerate(zip(*splits[split]))
+        for i, (volume, label) in enumerate(zip(*splits[split], strict=True))
     ]
     for split in SPLITS:
         (args.out / split).mkdir(parents=True, exist_ok=True)

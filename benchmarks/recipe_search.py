@@ -19,7 +19,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from src import config as schema
+from src.config import Config, register
 from src.parallel.ranks import seed_everything
 from src.resolve import resolve_device
 from src.shipped import SHIPPED
@@ -30,7 +30,7 @@ CONF = Path(__file__).resolve().parent.parent / "conf"
 COLUMNS = ("val/auc", "test/auc", "test/acc", "test/balanced_acc", "test/ece", "best_epoch", "stopped_epoch")
 
 
-def compose_config(overrides: list[str]) -> schema.Config:
+def compose_config(overrides: list[str]) -> Config:
     with initialize_config_dir(str(CONF), version_base="1.3"):
         return OmegaConf.to_object(compose("config", overrides=overrides))
 
@@ -61,7 +61,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--extra", default="", help="overrides added to every candidate (device=cuda num_threads=2)")
     args = parser.parse_args()
-    schema.register()
+    register()
     print(f"# {device_name(torch.device('cuda' if torch.cuda.is_available() else 'cpu'))}, torch {torch.__version__}")
     print("| data | candidate | seed | " + " | ".join(COLUMNS) + " | minutes | samples/s |")
     print("|---" * (len(COLUMNS) + 5) + "|")

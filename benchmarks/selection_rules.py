@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
 
 from benchmarks.recipe_search import compose_config
-from src import config as schema
+from src.config import register
 from src.parallel.ranks import seed_everything
 from src.resolve import resolve_device
 from src.shipped import SHIPPED
@@ -129,7 +129,7 @@ def main() -> None:
     parser.add_argument("--overrides", default="experiment=accuracy_cpu ema_decay=0.99")
     parser.add_argument("--root", default=str(SHIPPED))
     args = parser.parse_args()
-    schema.register()
+    register()
     if args.step == "score":
         score(args.out)
         return

@@ -36,11 +36,11 @@ import shlex
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's src, also when run as a script
@@ -260,7 +260,7 @@ def speedup(variant: Variant, reference: Variant) -> float:
 
 def speedup_cell(variant: Variant, reference: Variant) -> str:
     """The speed-up, then the median and range of the per-round ratios (rounds paired in time)."""
-    ratios = [ref / own for ref, own in zip(reference.seconds, variant.seconds)]
+    ratios = [ref / own for ref, own in zip(reference.seconds, variant.seconds, strict=True)]
     return (
         f"**{speedup(variant, reference):.2f}x** (per round {statistics.median(ratios):.2f}, "
         f"{min(ratios):.2f}-{max(ratios):.2f})"

@@ -6,8 +6,8 @@ import contextlib
 import errno
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from src.errors import UsageError
 

@@ -9,8 +9,9 @@ import functools
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig

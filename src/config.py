@@ -13,7 +13,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import MISSING
 
@@ -49,7 +49,7 @@ def each(key: str, values: list, *bounds: Any, count: int | None = None, what: s
         within(f"{key}[{i}]", value, *bounds, **options)
 
 
-def filled(key: str, value: Optional[str], null: bool = False) -> None:
+def filled(key: str, value: str | None, null: bool = False) -> None:
     """Refuse an empty or blank string (None passes when ``null``)."""
     if not (value is None and null) and not (value or "").strip():
         raise ValueError(f"{key}={value!r} must be a non-blank string{' or null' if null else ''}")
@@ -179,7 +179,7 @@ class DataConfig:
     root: str = "~/.medmnist"  # nifti: the folder of the volumes
     size: int = 28  # the cube's side: 28 or 64 (MedMNIST's files), 16 to 256 (nifti)
     download: bool = True
-    url: Optional[str] = None  # null: medmnist's INFO url for this flag and size
+    url: str | None = None  # null: medmnist's INFO url for this flag and size
     in_channels: int = 1
     num_classes: int = MISSING
     task: str = "multi-class"
@@ -187,11 +187,11 @@ class DataConfig:
     num_workers: int = 0
     pin_memory: bool = False
     synthetic_samples: list[int] = field(default_factory=lambda: [256, 64, 64])
-    labels: Optional[str] = None  # the CSV: image (relative to root), label, optional split; null: <root>/labels.csv
-    classes: Optional[list[str]] = None  # the class names in class order; null: the CSV's labels, sorted
+    labels: str | None = None  # the CSV: image (relative to root), label, optional split; null: <root>/labels.csv
+    classes: list[str] | None = None  # the class names in class order; null: the CSV's labels, sorted
     split_fractions: list[float] = field(default_factory=lambda: [0.7, 0.1, 0.2])  # without a split column, per class
     split_seed: int = 0  # ... that split's seed: not the training seed, so every run tests on the same volumes
-    spacing: Optional[list[float]] = None  # resampled voxel size in mm along R, A, S; null: the training median
+    spacing: list[float] | None = None  # resampled voxel size in mm along R, A, S; null: the training median
     intensity: Intensity = Intensity.minmax  # per volume min-max, z-score (clipped at +-3 std), or a CT window
     window_level: float = 40.0  # intensity=window: its centre and width (40 and 400 HU: soft tissue)
     window_width: float = 400.0
@@ -312,7 +312,7 @@ class ParallelConfig:
     """``ddp``: ``nproc`` ranks spawned by the job (or started by torchrun / SLURM); ``dp``: DataParallel."""
 
     mode: ParallelMode = ParallelMode.none
-    nproc: Optional[int] = None  # null: the visible GPUs, or 2 on CPU
+    nproc: int | None = None  # null: the visible GPUs, or 2 on CPU
     backend: Backend = Backend.auto  # auto: nccl on CUDA, gloo on CPU
     sync_bn: bool = False
     timeout_s: int = 600  # a collective waiting longer than this fails the job
@@ -328,10 +328,10 @@ class FaultConfig:
     ``oom_step`` raises a real ``torch.OutOfMemoryError`` after that step when ``batch_size >= oom_min_batch``;
     ``term_step``: rank 0 sends itself SIGTERM (a preemption) after that step."""
 
-    kill_rank: Optional[int] = None
+    kill_rank: int | None = None
     kill_step: int = 1
-    term_step: Optional[int] = None
-    oom_step: Optional[int] = None
+    term_step: int | None = None
+    oom_step: int | None = None
     oom_min_batch: int = 1
 
     def __post_init__(self) -> None:
@@ -352,7 +352,7 @@ class CheckpointConfig:
 
 @dataclass
 class StoreConfig:
-    tracking_uri: Optional[str] = None  # null: sqlite:///<project root>/mlflow.db
+    tracking_uri: str | None = None  # null: sqlite:///<project root>/mlflow.db
 
     def __post_init__(self) -> None:
         filled("mlflow.tracking_uri", self.tracking_uri, null=True)
@@ -388,20 +388,20 @@ class Config:
     amp_dtype: AmpDtype = AmpDtype.auto
     batch_size: Any = 32  # an int >= 1, "auto" (the largest micro-batch that fits mem_budget_mb), or "derived"
     accumulate: int = 1
-    mem_budget_mb: Optional[float] = None  # batch_size=auto: null means the device's free memory
-    effective_batch_size: Optional[int] = None  # auto keeps it by setting accumulate; derived: / (accumulate x ranks)
+    mem_budget_mb: float | None = None  # batch_size=auto: null means the device's free memory
+    effective_batch_size: int | None = None  # auto keeps it by setting accumulate; derived: / (accumulate x ranks)
     epochs: int = 15
     seed: int = 0
     deterministic: bool = False
-    limit_batches: Optional[int] = None
+    limit_batches: int | None = None
     device: Device = Device.auto
-    num_threads: Optional[int] = None  # null: all cores of this process's affinity
-    grad_clip: Optional[float] = None
+    num_threads: int | None = None  # null: all cores of this process's affinity
+    grad_clip: float | None = None
     class_weights: bool = False  # cross-entropy weighted n / (classes x n_class) from the training labels
     label_smoothing: float = 0.0
-    early_stop_patience: Optional[int] = None  # stop after this many epochs without a better val/auc
+    early_stop_patience: int | None = None  # stop after this many epochs without a better val/auc
     warmup_epochs: int = 0  # linear learning-rate warm-up from lr/10 (before the schedule)
-    ema_decay: Optional[float] = None  # validate, keep and test an EMA of the weights and BatchNorm buffers (0.99)
+    ema_decay: float | None = None  # validate, keep and test an EMA of the weights and BatchNorm buffers (0.99)
     select_by: SelectBy = SelectBy.val_loss  # which epoch's weights are tested (val_auc: MedMNIST's): docs/accuracy.md
     channels_last: bool = False
     cudnn_benchmark: bool = False
@@ -410,8 +410,8 @@ class Config:
     oom_retry: bool = False  # on out-of-memory: rerun with half the micro-batch, twice the accumulation
     log_every: int = 10
     skip_finished: Any = True  # skip a job with a FINISHED run: true (same config and code), config, or false
-    rerun: Optional[str] = None  # an MLflow run id: train that run's exact config again
-    resume: Optional[str] = None  # a run output folder or MLflow run id: continue that run from its checkpoint
+    rerun: str | None = None  # an MLflow run id: train that run's exact config again
+    resume: str | None = None  # a run output folder or MLflow run id: continue that run from its checkpoint
     objective: str = "test/auc"  # what a job returns to the sweeper (Optuna): test/auc, or val/auc (best epoch)
     tags: list[str] = field(default_factory=list)  # MLflow tags <name>=true on every job's run and the sweep's
     dry_run: bool = False  # list what the job (or each job of -m) would do; train nothing, log nothing
@@ -447,7 +447,7 @@ class Config:
 
 @dataclass
 class ReportMlflowConfig(StoreConfig):
-    experiment: Optional[str] = None  # a selector here: report every run of this experiment
+    experiment: str | None = None  # a selector here: report every run of this experiment
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -459,14 +459,14 @@ class ReportConfig:
     """``python -m src.report``: exactly one of ``sweep``, ``parent``, ``mlflow.experiment`` selects the runs."""
 
     mlflow: ReportMlflowConfig = field(default_factory=ReportMlflowConfig)
-    sweep: Optional[str] = None  # a sweep folder (it holds the parent run id)
-    parent: Optional[str] = None  # a sweep's parent run id
-    out: Optional[str] = None  # null: <sweep folder>/report, else reports/<parent run id or experiment>
+    sweep: str | None = None  # a sweep folder (it holds the parent run id)
+    parent: str | None = None  # a sweep's parent run id
+    out: str | None = None  # null: <sweep folder>/report, else reports/<parent run id or experiment>
     margin: float = 0.01  # test-AUC loss a switch may cost and still be judged "no loss"
     speed_margin: float = 0.05  # samples/s ratios within [1/(1 + it), 1 + it] are judged "no difference"
     memory_margin: float = 0.05  # peak-memory ratios within [1/(1 + it), 1 + it] are judged "no difference"
     tags: list[str] = field(default_factory=list)  # only the runs carrying every one of these tags
-    register: Optional[str] = None  # register the best run's logged model (by val/auc) under this name
+    register: str | None = None  # register the best run's logged model (by val/auc) under this name
 
     def __post_init__(self) -> None:
         for key in ("sweep", "parent", "out", "register"):
@@ -494,8 +494,29 @@ def check_schedule(cfg: Config) -> None:
 
 TAG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 RESERVED_TAGS = frozenset(  # the undotted tag keys medsweep writes itself (its dotted ones cannot clash)
-    "config_hash code_fingerprint overrides output_dir rerun_of retry_of git_commit torch_version cuda_version host "
-    "device num_threads status retried preempted resume_with resumes resumed_at best_weights sweep_dir role".split()
+    [
+        "config_hash",
+        "code_fingerprint",
+        "overrides",
+        "output_dir",
+        "rerun_of",
+        "retry_of",
+        "git_commit",
+        "torch_version",
+        "cuda_version",
+        "host",
+        "device",
+        "num_threads",
+        "status",
+        "retried",
+        "preempted",
+        "resume_with",
+        "resumes",
+        "resumed_at",
+        "best_weights",
+        "sweep_dir",
+        "role",
+    ]
 )
 
 

@@ -8,9 +8,9 @@ import logging
 import shutil
 import urllib.request
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -219,7 +219,7 @@ def check_arrays(cfg: DataConfig, path: Path) -> None:
     key = (path.resolve(), stat.st_size, stat.st_mtime_ns, stat.st_ino, cfg.num_classes, cfg.in_channels, cfg.size)
     if key in ARRAYS_CHECKED:
         return
-    for (split, (images, labels)), samples in zip(read_npz(path).items(), cfg.synthetic_samples):
+    for (split, (images, labels)), samples in zip(read_npz(path).items(), cfg.synthetic_samples, strict=True):
         fitted(cfg, path, split, images, labels)
         if len(labels) != samples:
             raise bad_split(path, split, f"{len(labels)} samples, expected {samples} (its name)", replace_fix(path))
@@ -232,7 +232,7 @@ def split_sizes(cfg: DataConfig) -> dict[str, int]:
     if cfg.name == NIFTI:
         return volumes.read_table(cfg).sizes()
     if cfg.name == SYNTHETIC:
-        return dict(zip(SPLITS, cfg.synthetic_samples))
+        return dict(zip(SPLITS, cfg.synthetic_samples, strict=True))
     return {split: medmnist_info(cfg)["n_samples"][split] for split in SPLITS}
 
 
@@ -281,7 +281,7 @@ def write_synthetic(cfg: DataConfig, path: Path) -> None:
     s = cfg.size
     grid = np.stack(np.meshgrid(*[np.arange(s)] * 3, indexing="ij"), axis=-1).astype(np.float32)
     arrays = {}
-    for split, n in zip(SPLITS, cfg.synthetic_samples):
+    for split, n in zip(SPLITS, cfg.synthetic_samples, strict=True):
         labels = rng.integers(0, cfg.num_classes, size=(n, 1)).astype(np.uint8)
         images = np.empty((n, s, s, s), np.uint8)
         for i, label in enumerate(labels[:, 0]):

@@ -9,8 +9,8 @@ import fcntl
 import itertools
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from src.errors import UsageError
 

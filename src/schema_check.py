@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -29,7 +30,7 @@ def schema_fields(node: Any) -> list[str] | None:
 def unknown_keys(node: DictConfig, path: str = "") -> Iterator[tuple[str, DictConfig]]:
     """``(dotted key, the typed node holding it)`` for each key outside its node's dataclass."""
     fields = schema_fields(node)
-    for key in node.keys():
+    for key in node:
         full = f"{path}.{key}" if path else str(key)
         if full == HYDRA_NODE:
             continue

@@ -19,7 +19,7 @@ from src.config import Config, ParallelMode
 from src.data import ensure_file
 from src.folders import held
 from src.jobs import dry_run, outcome
-from src.jobs.plan import Plan, plan_job, save_job_config, sized
+from src.jobs.plan import Plan, plan_job, resolve_batch, save_job_config
 from src.jobs.rank import Job, run_rank, spawned_rank
 from src.jobs.resume import reopen
 from src.jobs.sweep import in_sweep
@@ -87,7 +87,7 @@ def lead(plan: Plan, external: dist.Rank | None, clock: StartupClock, preemption
     ddp = plan.cfg.parallel.mode is ParallelMode.ddp
     with job_gpus(HydraConfig.get(), plan.device) as gpus:
         world = job_world(plan.cfg, gpus, external)
-        first, tags = sized(plan, world)
+        first, tags = resolve_batch(plan, world)
         check_split_sizes(first, world)
         clock.mark("batch_size")
         resume = plan.resume

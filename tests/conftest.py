@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
-from src import config as schema
+from src.config import register
 from src.shipped import SHIPPED
 from tests.helpers import ROOT
 
-schema.register()
+register()
 
 
 @pytest.fixture(scope="session")

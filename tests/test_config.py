@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import re
 import typing
+from collections.abc import Iterator
 from enum import Enum
-from typing import Iterator, Optional
 
 import mlflow
 import pytest
@@ -14,8 +14,24 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf import OmegaConf
 
-from src import config as schema
 from src.cli import check_values
+from src.config import (
+    Activation,
+    AmpDtype,
+    Config,
+    Device,
+    Init,
+    InitMode,
+    Intensity,
+    Loader,
+    Norm,
+    OptimName,
+    ParallelMode,
+    ReportConfig,
+    SchedName,
+    Shortcut,
+    Stem,
+)
 from src.errors import UsageError
 from src.models import MODELS
 from src.schema_check import check_known_keys, composition_error
@@ -53,9 +69,9 @@ def test_defaults():
     assert (cfg.data.name, cfg.model.name, cfg.optim.name, cfg.sched.name, cfg.parallel.mode) == (
         "adrenalmnist3d",
         "densenet121",
-        schema.OptimName.adam,
-        schema.SchedName.multistep,
-        schema.ParallelMode.none,
+        OptimName.adam,
+        SchedName.multistep,
+        ParallelMode.none,
     )
     assert cfg.data.root == str(SHIPPED) and cfg.data.size == 28 and cfg.data.download
     assert cfg.sched.milestones == [0.5, 0.75] and cfg.sched.gamma == 0.1
@@ -86,16 +102,16 @@ def test_every_group_option_composes(group, option):
 
 def enum_overrides():
     for field, enum in [
-        ("model.stem", schema.Stem),
-        ("model.activation", schema.Activation),
-        ("model.norm", schema.Norm),
-        ("model.init", schema.Init),
-        ("model.init_mode", schema.InitMode),
-        ("model.shortcut", schema.Shortcut),
-        ("amp_dtype", schema.AmpDtype),
-        ("device", schema.Device),
-        ("data.loader", schema.Loader),
-        ("data.intensity", schema.Intensity),
+        ("model.stem", Stem),
+        ("model.activation", Activation),
+        ("model.norm", Norm),
+        ("model.init", Init),
+        ("model.init_mode", InitMode),
+        ("model.shortcut", Shortcut),
+        ("amp_dtype", AmpDtype),
+        ("device", Device),
+        ("data.loader", Loader),
+        ("data.intensity", Intensity),
     ]:
         for member in enum:
             yield field, member
@@ -138,7 +154,7 @@ MODEL_KEYS = (
     "keys of model: name, stem, dsconv, dsconv_mid_norm, activation, norm, init, init_mode, zero_init_residual, "
     "shortcut, checkpointing, inplace_act: fix the spelling"
 )
-TOP_LEVEL_KEYS = "top-level keys: " + ", ".join(field.name for field in dataclasses.fields(schema.Config))
+TOP_LEVEL_KEYS = "top-level keys: " + ", ".join(field.name for field in dataclasses.fields(Config))
 CYCLIC_WARMUP = (
     "warmup_epochs=1 with sched=cyclic, which steps per optimizer step: use warmup_epochs=0 or a per-epoch schedule"
 )
@@ -454,12 +470,12 @@ def float_keys(node: type, prefix: str = "") -> Iterator[str]:
     for name, hint in typing.get_type_hints(node).items():
         if dataclasses.is_dataclass(hint):
             yield from float_keys(hint, f"{prefix}{name}.")
-        elif hint in (float, Optional[float]):
+        elif hint in (float, float | None):
             yield f"{prefix}{name}"
 
 
-FLOAT_KEYS = [(compose_config, key) for key in float_keys(schema.Config)] + [
-    (compose_report, key) for key in float_keys(schema.ReportConfig)
+FLOAT_KEYS = [(compose_config, key) for key in float_keys(Config)] + [
+    (compose_report, key) for key in float_keys(ReportConfig)
 ]
 
 

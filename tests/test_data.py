@@ -249,9 +249,11 @@ def test_loaders_are_seeded_epoch_varying_and_agree(shared_data):
     )
     first, again, other_epoch = batches(tensor, 0), batches(tensor, 0), batches(tensor, 1)
     assert len(first) == 1188 // 64  # drop_last in training
-    assert all(torch.equal(a[1], b[1]) for a, b in zip(first, again))
+    assert all(torch.equal(a[1], b[1]) for a, b in zip(first, again, strict=True))
     assert not torch.equal(first[0][1], other_epoch[0][1])
-    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(first, batches(standard, 0)))
+    assert all(
+        torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(first, batches(standard, 0), strict=True)
+    )
     reseeded = make_loader(cfg, train, 64, seed=4, train=True, device=torch.device("cpu"))
     assert not torch.equal(first[0][1], batches(reseeded, 0)[0][1])
 

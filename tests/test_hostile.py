@@ -1,6 +1,6 @@
 """Hostile input, end to end: each case is a real command that must end in exactly one ``error:`` line, exit 2, no
-traceback and no MLflow run (slow: ~5 s a process). The cases that must recover instead are in test_recovery.py and
-test_sweeps.py."""
+traceback and no MLflow run (slow: ~5 s a process). The cases that must recover instead are in jobs/test_recovery.py and
+jobs/test_sweeps.py."""
 
 from __future__ import annotations
 

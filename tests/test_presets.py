@@ -11,14 +11,14 @@ from hydra._internal.core_plugins import basic_sweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from src import config as schema
+from src.config import Activation, Config, Init
 from src.errors import UsageError
 from src.models import MODELS
 from src.perf.autobatch import derived_batch
 from tests.helpers import ROOT, compose_config, run_cli, runs, small_run
 
 
-def jobs(*overrides: str) -> list[schema.Config]:
+def jobs(*overrides: str) -> list[Config]:
     """The typed config of every job of ``python -m src.train -m OVERRIDES``, split by Hydra's BasicSweeper."""
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         hydra_cfg = compose("config", overrides=list(overrides), return_hydra_config=True).hydra
@@ -29,7 +29,7 @@ def jobs(*overrides: str) -> list[schema.Config]:
     return [OmegaConf.to_object(compose_config(*job)) for job in batch]
 
 
-def values(configs: list[schema.Config], *keys: str) -> list[tuple]:
+def values(configs: list[Config], *keys: str) -> list[tuple]:
     def get(cfg, key):
         value = OmegaConf.select(OmegaConf.structured(cfg), key)
         return value.name if hasattr(value, "name") and not isinstance(value, str) else value
@@ -57,7 +57,7 @@ def test_an_override_next_to_a_preset_pins_that_key():
 
 def test_activation_init_preset_covers_every_activation_and_init():
     assert values(jobs("preset=activation_init"), "model.activation", "model.init") == sorted(
-        itertools.product([a.name for a in schema.Activation], [i.name for i in schema.Init])
+        itertools.product([a.name for a in Activation], [i.name for i in Init])
     )
 
 

@@ -1,32 +1,7 @@
 """``dry_run=true``: what each job would do, one line per job on stdout, then a total; nothing trains, nothing is
-logged, the MLflow store is left as it is (a missing SQLite database is not created).
-
-    job 0: model=resnet18 seed=0 | run | peak 512 MiB at batch 32 | ~3.2 min (from 2 finished runs, 3.1-3.3)
-    job 1: model=resnet18 seed=1 | skip: finished run 4f1c... | peak 512 MiB at batch 32 | 0 min
-    job 2: model=resnet34 seed=0 | run | peak 705 MiB at batch 32 | ~6.1 min ±7% (timed 5 steps)
-    total: 2 to run, 1 to skip | ~9.3 min | largest peak 705 MiB
-
-A line gives the job's number, its run name (the overrides that change results), what it would do (``run``,
-``resume run <id>``, or ``skip: finished run <id>``: the FINISHED run ``skip_finished`` found), the predicted
-``mem/peak_mb`` (:func:`src.perf.memory.predict`, kept in :mod:`src.perf.memory_cache`) at the micro-batch the job
-trains with (``batch_size=auto``: the one the predictor picks, unprobed; ``derived``: computed), and the estimated
-time of training and evaluation (start-up and checkpoint writes not counted; ``epochs`` in full, early stopping
-unknown) with its basis and spread. The estimate divides the samples the job trains (epochs x steps x effective
-batch, ``limit_batches`` respected) plus :data:`EVAL_COST` per sample it evaluates by a training rate in samples/s,
-which comes from, in this order:
-
-* ``from N finished runs, LOW-HIGH``: the median ``perf/samples_per_s`` (last epoch) of the FINISHED runs of the
-  experiment that trained on this host, device type and thread count with the same speed-relevant params (all but
-  :data:`NOT_SPEED`: seed, epochs, learning rate, dataset name, ...; micro-batch, accumulation and ranks included);
-  LOW-HIGH: the job's minutes at the fastest and the slowest of them.
-* ``±S% (timed N steps)``: the job's shape (those params, AMP as the dtype it resolves to) timed once on this
-  machine over N steps on random batches, after a warm-up one, as :mod:`src.perf.step_timing` rules (S: the 95%
-  interval of the mean step time) and caches for later dry runs and other processes; a step is timed as
-  ``accumulate`` x one micro-step + one optimizer step (the micro-steps of an accumulation do the same work);
-  ``, machine busy``: other processes used the CPU meanwhile. DDP: one rank timed, the others taken as fast.
-
-With ``-m`` each job leaves its figures in ``<sweep dir>/dry_run/<job>.json`` (jobs may run in other processes:
-joblib, submitit) and :class:`DryRunTotal` prints the total at the sweep's end; a single run prints its own.
+logged, the MLflow store is left as it is (a missing SQLite database is not created). Each line gives the job's
+action, predicted peak and estimated minutes, from finished runs or a timed step; with ``-m``, :class:`DryRunTotal`
+prints the total at the sweep's end. Line format and estimate: docs/sweeps.md.
 """
 
 from __future__ import annotations
@@ -39,8 +14,9 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from hydra.core.hydra_config import HydraConfig
@@ -51,7 +27,7 @@ from omegaconf import DictConfig
 from src.atomic import atomic_path
 from src.config import Config, FaultConfig, ParallelMode
 from src.data import check_file, split_sizes
-from src.jobs.plan import Plan, sized
+from src.jobs.plan import Plan, resolve_batch
 from src.jobs.resume import Resume
 from src.parallel import dist
 from src.parallel.launch import job_gpus
@@ -104,7 +80,7 @@ FOLDER = "dry_run"  # in the sweep folder: one <job>.json per job
 
 
 @dataclasses.dataclass(frozen=True)
-class Listed:
+class JobEstimate:
     """One job of a dry run: ``action`` is ``run``, ``resume run <id>`` or ``skip: finished run <id>``; ``estimate``
     the line's text for its ``minutes`` (``0 min`` for a skip)."""
 
@@ -150,7 +126,7 @@ def rounded(minutes: float) -> str:
     return f"{minutes:.0f}" if minutes >= 10 else f"{minutes:.2g}"
 
 
-def total(listed: list[Listed]) -> str:
+def total(listed: list[JobEstimate]) -> str:
     """The total line: jobs to run and to skip, their estimated minutes, the largest predicted peak of those to run."""
     running = [job for job in listed if job.runs]
     peak = max((job.peak_mb for job in running), default=0.0)
@@ -171,7 +147,7 @@ def report(plan: Plan, external: dist.Rank | None) -> float:
         check_file(plan.cfg.data)
     with job_gpus(HydraConfig.get(), plan.device) as gpus:
         world = job_world(plan.cfg, gpus, external)
-        cfg = sized(plan, world, probe=False)[0]
+        cfg = resolve_batch(plan, world, probe=False)[0]
         if plan.finished:
             action, minutes, estimate = f"skip: finished run {plan.finished.info.run_id}", 0.0, "0 min"
         else:
@@ -181,7 +157,7 @@ def report(plan: Plan, external: dist.Rank | None) -> float:
             minutes = job_seconds(cfg, world, rate.per_s, plan.resume) / 60
             estimate = rate.estimate(minutes)
         peak = predicted(cfg, plan.device).total_mb
-        listed = Listed(plan.job_num, plan.run_name, action, cfg.batch_size, peak, minutes, estimate)
+        listed = JobEstimate(plan.job_num, plan.run_name, action, cfg.batch_size, peak, minutes, estimate)
     print(listed.line(), flush=True)
     if plan.multirun:
         with atomic_path(Path(HydraConfig.get().sweep.dir, FOLDER, f"{plan.job_num}.json")) as partial:
@@ -303,4 +279,4 @@ class DryRunTotal(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if config.dry_run:
             files = sorted(folder(config).glob("*.json"), key=lambda path: int(path.stem))
-            print(total([Listed(**json.loads(path.read_text())) for path in files]), flush=True)
+            print(total([JobEstimate(**json.loads(path.read_text())) for path in files]), flush=True)

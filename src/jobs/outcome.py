@@ -12,8 +12,9 @@ import json
 import logging
 import signal
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, NoReturn
+from typing import NoReturn
 
 import mlflow
 from mlflow.exceptions import MlflowException

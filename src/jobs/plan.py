@@ -19,8 +19,8 @@ from omegaconf import DictConfig, OmegaConf
 from src.config import Config
 from src.data import content_params
 from src.errors import UsageError
-from src.jobs import resume as resumption
 from src.jobs.rerun import rerun_config
+from src.jobs.resume import Resume, explicit, requeued, resumable
 from src.perf.autobatch import derived_batch, fit_batch, predicted_batch
 from src.resolve import validate
 from src.tracking.identity import code_fingerprint, config_hash, flatten, run_name
@@ -43,7 +43,7 @@ class Plan:
     log_file: Path
     multirun: bool
     job_num: int
-    resume: resumption.Resume | None = None
+    resume: Resume | None = None
     rerun_of: str | None = None
     finished: mlflow.entities.Run | None = None  # skip_finished found this run: train nothing
     busy: str | None = None  # a live process trains an unfinished run of this config (its id): train nothing
@@ -57,7 +57,7 @@ class Plan:
         return tracking_uri(self.cfg)
 
     def run_params(self, cfg: Config, world: int) -> dict[str, str]:
-        """The params of a run training ``cfg`` (this plan's config, sized) on ``world`` ranks."""
+        """The params of a run training ``cfg`` (this plan's config, resolve_batch) on ``world`` ranks."""
         return {
             **self.params,
             "batch_size": str(cfg.batch_size),
@@ -90,7 +90,7 @@ def plan_job(cfg: DictConfig, hydra_cfg: DictConfig, follower: bool = False) -> 
                 f"skip_finished=false resumes anyway"
             )
         if not (finished or resume or follower) and store_exists(tracking_uri(typed)):
-            resume, busy = resumption.resumable(ensure_store(tracking_uri(typed)), typed, hashed)
+            resume, busy = resumable(ensure_store(tracking_uri(typed)), typed, hashed)
     if not (finished or busy or resume) and (job_dir / checkpoint.BEST_FILE).exists():
         raise UsageError(
             f"{job_dir} holds the tested weights of an earlier run ({checkpoint.BEST_FILE}), which a new run there "
@@ -135,15 +135,15 @@ def skipped_for(cfg: Config, hashed: str, overrides: list[str]) -> mlflow.entiti
     return None
 
 
-def resume_point(cfg: DictConfig, job_dir: Path, overrides: list[str]) -> tuple[DictConfig, resumption.Resume | None]:
+def resume_point(cfg: DictConfig, job_dir: Path, overrides: list[str]) -> tuple[DictConfig, Resume | None]:
     """The run to go on with, and its config: ``resume=<folder | run id>``, or the unfinished run whose checkpoint
     this job's own folder holds (a job requeued by SLURM / submitit)."""
     if not cfg.resume and not (job_dir / checkpoint.FILE).is_file():
         return cfg, None
     client = ensure_store(tracking_uri(cfg))
     if not cfg.resume:
-        return cfg, resumption.requeued(cfg, job_dir, client)
-    return resumption.explicit(cfg, overrides, client)
+        return cfg, requeued(cfg, job_dir, client)
+    return explicit(cfg, overrides, client)
 
 
 def save_job_config(stored: dict[str, Any], job_dir: Path) -> None:
@@ -152,7 +152,7 @@ def save_job_config(stored: dict[str, Any], job_dir: Path) -> None:
         OmegaConf.save(OmegaConf.create(stored), hydra_dir / "config.yaml")
 
 
-def sized(plan: Plan, world: int, probe: bool = True) -> tuple[Config, dict[str, str]]:
+def resolve_batch(plan: Plan, world: int, probe: bool = True) -> tuple[Config, dict[str, str]]:
     """The config at the micro-batch and accumulation it trains with, and tags saying how they were chosen: as the
     resumed run trained, else ``batch_size=auto`` (predicted, then probed; ``probe=False``: predicted only, no tags),
     ``derived``, or as given."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from src import config as schema
+from src.config import Config
 from src.data import load_splits
 from src.jobs.plan import Plan
 from src.jobs.reporting import MainReporter, Reporter
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 class Job:
     """What every rank of one job needs, picklable for spawned ranks."""
 
-    cfg: schema.Config
+    cfg: Config
     device_type: str
     run_id: str | None
     tracking_uri: str
@@ -49,13 +49,13 @@ class Job:
     def from_plan(
         cls,
         plan: Plan,
-        cfg: schema.Config,
+        cfg: Config,
         run_id: str | None = None,
         world: int = 1,
         gpus: tuple[int, ...] = (),
         resume: Resume | None = None,
         startup: StartupClock | None = None,
-    ) -> "Job":
+    ) -> Job:
         """The job of ``plan`` training ``cfg`` into run ``run_id`` on ``world`` ranks."""
         meta = {
             "run_id": run_id,
@@ -124,7 +124,8 @@ def train_rank(job: Job, rank: dist.Rank, device: torch.device, preemption: Pree
     clock.mark("mlflow")
     reporter.startup(clock, trainer.epoch)
     try:
-        with system_metrics(cfg, rank, job.run_id, job.tracking_uri, resumed=job.resume_from is not None):
+        resumed = job.resume_from is not None
+        with system_metrics(cfg, job.run_id, job.tracking_uri, resumed, node=rank.node, monitors=rank.local_rank == 0):
             final = trainer.fit(reporter.log_metrics, reporter.log_tested)
     except torch.OutOfMemoryError:
         (job.output_dir / f"oom_rank{rank.rank}.json").write_text(json.dumps(trainer.memory.peak()))

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -63,7 +64,7 @@ class MainReporter(Reporter):
 
     def __init__(self, job: Job, device: torch.device, world: int) -> None:
         self.job, self.device = job, device
-        self.mfu = Mfu.of(job.cfg, device, world)
+        self.mfu = Mfu.from_config(job.cfg, device, world)
         self.epoch_metrics = (predicted_memory_metrics(job.cfg, device), self.mfu)
         self.resumed_at_end = False  # trained to the end before it stopped: the test may be logged already
 

@@ -51,7 +51,7 @@ class Resume:
         return self.folder / checkpoint.FILE
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], folder: Path) -> "Resume":
+    def from_state(cls, state: dict[str, Any], folder: Path) -> Resume:
         if missing := sorted(set(STATE_KEYS) - state.keys()):
             raise checkpoint.Unreadable(
                 f"{folder / checkpoint.FILE} is not a medsweep checkpoint (it lacks {', '.join(missing)})"

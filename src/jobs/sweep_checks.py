@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from src.data import check_file, ensure_file
 from src.errors import UsageError
-from src.jobs.plan import plan_job, sized
+from src.jobs.plan import plan_job, resolve_batch
 from src.parallel.ranks import job_world
 from src.resolve import check_split_sizes
 from src.schema_check import check_known_keys, composition_error
@@ -84,7 +84,7 @@ def check_job(task: DictConfig, hydra_cfg: DictConfig, dry: bool) -> None:
     if plan.cfg.batch_size != "auto" or plan.resume:  # auto: the job's probe checks it
         gpus = tuple(range(torch.cuda.device_count())) if plan.device.type == "cuda" else ()
         world = job_world(plan.cfg, gpus)
-        check_split_sizes(sized(plan, world, probe=False)[0], world)
+        check_split_sizes(resolve_batch(plan, world, probe=False)[0], world)
 
 
 def check_launcher(config: DictConfig) -> None:

@@ -24,7 +24,7 @@ def kept_buffers(module: nn.Module) -> Iterator[None]:
         yield
     finally:
         with torch.no_grad():
-            for buffer, value in zip(module.buffers(), saved):
+            for buffer, value in zip(module.buffers(), saved, strict=True):
                 buffer.copy_(value)
 
 
@@ -99,12 +99,8 @@ class DenseBlock(nn.ModuleList):
 
 
 class DenseNet3D(nn.Sequential):
-    """Stages ``stem, block1, transition1, ..., block4, head`` (head: norm, act, global pool, linear).
-
-    A transition is norm, act, 1^3 conv to ``compression`` of the channels, 2^3 average pool that keeps
-    maps already below 2 voxels (:class:`HalvingAvgPool3d`), so every stem runs at 28^3. With
-    ``checkpointing``, every dense layer's bottleneck and every transition's norm-act-conv are recomputed in
-    backward instead of stored.
+    """Stages ``stem, block1, transition1, ..., block4, head`` (head: norm, act, global pool, linear); every stem
+    runs at 28^3 (layout and design: docs/architecture.md).
 
     Args:
         block_config: dense layers per block.
@@ -113,7 +109,8 @@ class DenseNet3D(nn.Sequential):
         stem: the stem (resolved: not ``auto``).
         layers: builds every activation, norm and conv.
         init, init_mode: weight initialisation.
-        checkpointing: recompute bottlenecks and transitions in backward.
+        checkpointing: recompute every dense layer's bottleneck and every transition's norm-act-conv in backward
+            instead of storing them.
         growth_rate: maps each dense layer adds.
         init_features: stem channels.
         bn_size: bottleneck width in units of ``growth_rate``.

@@ -139,7 +139,7 @@ class ResNet3D(nn.Sequential):
     ) -> None:
         stages = OrderedDict(stem=layers.stem(in_channels, widths[0], stem))
         channels = widths[0]
-        for index, (depth, width) in enumerate(zip(depths, widths)):
+        for index, (depth, width) in enumerate(zip(depths, widths, strict=True)):
             blocks = []
             for position in range(depth):
                 stride = 2 if index > 0 and position == 0 else 1

@@ -5,10 +5,10 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -31,6 +31,14 @@ class Rank:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def node(self) -> str | None:
+        """``node<k>`` on a job of several nodes, else None."""
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
+        if per_node >= self.world:
+            return None
+        return f"node{os.environ.get('GROUP_RANK', self.rank // per_node)}"
 
 
 @contextlib.contextmanager
@@ -85,7 +93,7 @@ def all_reduce(values: dict[str, torch.Tensor], op: dist.ReduceOp.RedOpType) -> 
         return values
     stacked = torch.stack([v.double() for v in values.values()])
     dist.all_reduce(stacked, op)
-    return dict(zip(values, stacked))
+    return dict(zip(values, stacked, strict=True))
 
 
 def gather(value: float, device: torch.device) -> list[float]:
@@ -105,15 +113,11 @@ def gpu_slot(folder: Path, slots: int) -> Iterator[int]:
     """
     folder.mkdir(parents=True, exist_ok=True)
     for slot in range(slots):
-        handle = open(folder / f".gpu_slot_{slot}.lock", "w")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.close()
-            continue
-        try:
+        with open(folder / f".gpu_slot_{slot}.lock", "w") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
             yield slot
-        finally:
-            handle.close()
-        return
+            return
     raise UsageError(f"all {slots} GPU slots in {folder} are taken: lower hydra.launcher.n_jobs")

@@ -7,8 +7,9 @@ import contextlib
 import dataclasses
 import json
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp

@@ -8,7 +8,7 @@ import logging
 import os
 import signal
 import threading
-from typing import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import psutil
 
@@ -92,7 +92,7 @@ class Preemption:
             self._record(signal.SIGTERM, None)
 
     @contextlib.contextmanager
-    def installed(self) -> Iterator["Preemption"]:
+    def installed(self) -> Iterator[Preemption]:
         """Handle the stop signals in this block, unblocked (a sweep's main process blocks them between jobs, and its
         workers inherit them blocked); only the main thread can, elsewhere they keep their handlers."""
         if threading.current_thread() is not threading.main_thread():

@@ -8,12 +8,11 @@ import random
 import numpy as np
 import torch
 
-from src import config as schema
-from src.config import ParallelMode
+from src.config import Config, ParallelMode
 from src.parallel import dist
 
 
-def seed_everything(cfg: schema.Config, ranks_on_node: int = 1) -> int:
+def seed_everything(cfg: Config, ranks_on_node: int = 1) -> int:
     """Seed Python, NumPy and torch, fix this rank's thread count, and enforce determinism when asked."""
     threads = thread_count(cfg, ranks_on_node)
     torch.set_num_threads(threads)
@@ -28,13 +27,13 @@ def seed_everything(cfg: schema.Config, ranks_on_node: int = 1) -> int:
     return threads
 
 
-def thread_count(cfg: schema.Config, ranks_on_node: int = 1) -> int:
+def thread_count(cfg: Config, ranks_on_node: int = 1) -> int:
     """A rank's CPU threads: ``num_threads``, else this process's cores shared by the ranks on its node."""
     return cfg.num_threads or max(1, len(os.sched_getaffinity(0)) // ranks_on_node)
 
 
 def wrap(
-    model: torch.nn.Module, cfg: schema.Config, device: torch.device, rank: dist.Rank, gpus: tuple[int, ...]
+    model: torch.nn.Module, cfg: Config, device: torch.device, rank: dist.Rank, gpus: tuple[int, ...]
 ) -> torch.nn.Module:
     """DDP (with SyncBatchNorm when asked) for several ranks, DataParallel for ``parallel=dp``."""
     if rank.world > 1:
@@ -46,7 +45,7 @@ def wrap(
     return model
 
 
-def job_world(cfg: schema.Config, gpus: tuple[int, ...], external: dist.Rank | None = None) -> int:
+def job_world(cfg: Config, gpus: tuple[int, ...], external: dist.Rank | None = None) -> int:
     """The devices a job's effective batch spreads over: the ranks torchrun / SLURM started (``external``),
     ``parallel=ddp``'s ranks, ``parallel=dp``'s GPUs, else 1."""
     if external is not None:
@@ -54,6 +53,6 @@ def job_world(cfg: schema.Config, gpus: tuple[int, ...], external: dist.Rank | N
     return dist.world_size(cfg, gpus) if cfg.parallel.mode is ParallelMode.ddp else data_parallel_width(cfg, gpus)
 
 
-def data_parallel_width(cfg: schema.Config, gpus: tuple[int, ...]) -> int:
+def data_parallel_width(cfg: Config, gpus: tuple[int, ...]) -> int:
     """How many devices share one loader batch: the GPUs of ``parallel=dp``, else 1."""
     return len(gpus) if cfg.parallel.mode is ParallelMode.dp else 1

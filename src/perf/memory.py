@@ -2,51 +2,8 @@
 
     python -m src.memory model=densenet121 batch_size=16 amp=true data=synthetic
 
-One training micro-step (forward, loss, backward, under the run's autocast) is replayed on fake tensors
-(``FakeTensorMode``: shapes and dtypes only, nothing allocated or computed), in a few seconds even for
-densenet121 at 64^3. The replay measures:
-
-* activations: the storages autograd saves for backward (``saved_tensors_hooks``), each counted once (an
-  in-place ReLU's output that the next conv saves too is one tensor); parameters, buffers, the input and
-  weight casts are not activations. ``model.checkpointing`` and ``model.inplace_act`` change it.
-* AMP copies: autocast's casts of the parameters, cached until autocast exits (checkpointed ones too).
-* transients: every op output is tracked until freed, which gives the true peak of the micro-step; the
-  transients are what that peak (or the optimizer step's: gradients plus its temporaries) holds beyond
-  gradients, AMP copies, activations and input: activation gradients in flight, recomputed segments.
-
-Parameters, gradients (1x the parameters), optimizer state (SGD 0x without momentum, 1x with; Adam and
-AdamW 2x), the input batch (the uint8 gather and its float32 copy), the splits ``data.loader=tensor``
-holds and the best weights ``fit`` copies from the second epoch on are counted from sizes. Which count
-follows what ``MemoryMonitor`` measures:
-
-* CUDA (``max_memory_allocated`` since ``start``): every component.
-* CPU (growth of the peak RSS over the RSS at ``start``, which comes after the model is built and the
-  data loaded): all but parameters and dataset, which are in the baseline.
-
-The workspace is what the runtime holds beyond live tensors. On CPU (``cpu_workspace``):
-
-* a fixed part (thread pools, primitive caches the first step touches);
-* one weight-gradient scratchpad per thread: oneDNN reserves about four of the largest weight per thread for a
-  padded conv's weight gradient and writes about one;
-* copies of the largest activation, up to 64 MiB: oneDNN reorders conv operands into its blocked layouts inside
-  the kernels, where no dispatcher mode sees them (a malloc trace of resnet18, small stem, batch 4 counted ~56
-  blocks of the activations' size per step against the replay's 31); the fit found no more for larger maps (128
-  and 256 MiB, blocks glibc maps and unmaps one by one);
-* freed heap that glibc keeps resident: its mmap threshold rises to 32 MiB, so every block below that (activations,
-  weights, gradients, Adam state, oneDNN's weight copies) comes from its heap, and where activation-sized and
-  weight-sized blocks alternate, freed blocks stay mapped. It is a share of the heap-served activations, bounded
-  by a multiple of the largest weight (a model with small weights, such as densenet121, reuses its holes).
-
-The five constants were fitted on a 2-core AVX2 EPYC for the least worst-case error (in units of the contract:
--10% under, +15% over) over 30 cells: the 28^3 stem grid at one thread, the 16-cell grid and 7 other cells at two;
-every one reads 0.88-1.11x its prediction. Of 3 cells measured after the fit, densenet121 at 64^3, batch 32,
-checkpointed reads 1.20x (``docs/benchmarks.md``). The same cell read again spreads by up to ±8% (glibc's placement
-depends on the heap's history), which is the floor for any CPU prediction.
-
-On CUDA the workspace is 0 (cuDNN and cuBLAS workspaces not calibrated: no GPU measured yet).
-
-Not modelled: ``compile=true`` (the replay is eager), DDP's gradient buckets (about 1x the parameters per
-rank), ``data.loader=dataloader`` workers, the evaluation forward (no grad, below the training peak).
+One training micro-step is replayed on fake tensors; the rest is counted from sizes, plus a CPU workspace whose
+constants were fitted on measured peaks. Design, constants and their fit: docs/memory.md.
 """
 
 from __future__ import annotations
@@ -54,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import cachetools
 import torch
@@ -318,7 +275,7 @@ class MemoryPrediction:
 
 
 def cpu_workspace(fp: Footprint, threads: int) -> float:
-    """Bytes a CPU run holds beyond its live tensors (see the module docstring): a fixed part, one weight-gradient
+    """Bytes a CPU run holds beyond its live tensors (docs/memory.md): a fixed part, one weight-gradient
     scratchpad of the largest weight per thread, oneDNN's copies of the largest activation, and the freed heap glibc
     keeps where heap-served activations alternate with weight-sized blocks (bounded by the weights' size).
     ``threads``: ``num_threads``, else every core of the process (DDP ranks that share a node then count too many)."""

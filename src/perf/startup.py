@@ -12,9 +12,9 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 _previous_job_end: float | None = None
 _entry_imported: float | None = None
@@ -34,7 +34,7 @@ class StartupClock:
     phases: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def begin(cls) -> "StartupClock":
+    def begin(cls) -> StartupClock:
         """A job's clock, its first phases ending now: ``imports`` then ``hydra`` (from the entry module's
         imports to the job: composition, callbacks, the launcher) in a fresh process, else ``between_jobs``. Without
         :func:`entry_imported` (no entry module: a test, a notebook) ``imports`` runs to now."""

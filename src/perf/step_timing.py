@@ -1,19 +1,7 @@
 """Seconds per optimizer step of a job's shape, timed once on this machine and kept in ``step_times.json`` beside
 the peak-FLOP/s cache (:mod:`src.perf.probe_cache`), so later dry runs, in any process, list the same figure.
-
-A shape is what sets the time per sample (the caller's ``shape``: model and its switches, data size, micro-batch,
-accumulation, precision, ...); the key adds the host, the device's name, torch's version, the thread count and the
-code's fingerprint: a timing is reused only on the same machine, with the same software and code.
-
-A timing runs :data:`WARMUP` untimed step, then timed steps until the 95% interval of their mean is within
-±:data:`TARGET` (from :data:`MIN_STEPS` on) or :data:`MAX_STEPS` steps, or once :data:`MAX_SECONDS` of timed steps
-passed (two at least: a slow shape, or a busy machine, stops at two, with a wide interval). It records how much CPU
-other processes used meanwhile: :data:`CONTENDED_CORES` more than the cores the timing's threads left free make it
-*busy* (a 2-thread step on a 2-core CPU shared with other busy processes ran 10-80x slower, 2026-11-24).
-
-An entry is used for :data:`MAX_AGE` (as the peak cache), a busy one for :data:`BUSY_MAX_AGE` (the dry run that took
-it and one just after agree; a later one times the shape again); then the shape is timed again and the entry
-replaced (stale entries are dropped whenever the file is written). Deleting the file times every shape anew.
+A timing stops once its 95% interval is tight enough, and records whether other processes made the machine busy.
+Key, stopping rule, expiry: docs/sweeps.md.
 """
 
 from __future__ import annotations
@@ -24,7 +12,7 @@ import json
 import math
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import psutil
 import torch

@@ -195,7 +195,7 @@ def paired_effects(found: pd.DataFrame, summary: pd.DataFrame, title: str, path:
     comparisons = list(summary[["param", "value", "baseline"]].itertuples(index=False))
     rows = np.arange(len(comparisons))
     fig, axes = plt.subplots(1, 3, figsize=(16, 1.8 + 0.85 * len(rows)), sharey=True, layout="constrained")
-    for ax, (effect, xlabel, reference, axis_value, log) in zip(axes, PANELS):
+    for ax, (effect, xlabel, reference, axis_value, log) in zip(axes, PANELS, strict=True):
         means, lo, hi = (axis_value(summary[c].to_numpy(float)) for c in (effect.mean, effect.lo, effect.hi))
         ax.barh(rows, means - reference, left=reference, height=0.5, color="tab:blue", alpha=0.45)
         ax.errorbar(
@@ -242,7 +242,11 @@ def paired_effects(found: pd.DataFrame, summary: pd.DataFrame, title: str, path:
     )
     verdicts.tick_params(length=0)
     axes[0].set_yticks(
-        rows, [f"{comparison(*key)}\n({n} pair{'s' if n > 1 else ''})" for key, n in zip(comparisons, summary["pairs"])]
+        rows,
+        [
+            f"{comparison(*key)}\n({n} pair{'s' if n > 1 else ''})"
+            for key, n in zip(comparisons, summary["pairs"], strict=True)
+        ],
     )
     axes[0].set_ylim(len(rows) - 0.4, -0.6)
     fig.legend(handles=legend(summary), loc="outside lower center", ncol=3, fontsize=9)

@@ -1,23 +1,8 @@
 """Report a sweep's runs: tables (Markdown, HTML, CSV) and figures, logged to the sweep's parent run.
 
-    python -m src.report sweep=sweeps/2026-11-22/15-00-00      # a sweep folder
-    python -m src.report parent=<parent run id>                  # a sweep's parent run
-    python -m src.report mlflow.experiment=medsweep out=reports/all
+    python -m src.report sweep=<sweep folder> | parent=<parent run id> | mlflow.experiment=<name>
 
-Exactly one selector; ``tags=[...]`` keeps the runs tagged with all of them; ``register=<name>`` registers the
-best run's logged model (by ``val/auc``) in the Model Registry.
-
-Writes ``report.md``, ``report.html`` (figures embedded), ``runs.csv``, ``effects.csv``,
-``throughput_memory.png`` and ``paired_effects.png`` to ``out`` (default: ``<sweep folder>/report``, else
-``reports/<parent run id or experiment>``) and logs them to the parent run under ``report/``.
-
-Per run: ``test/*``, ``mem/peak_mb`` (the run's peak) and ``mem/predicted_mb`` as logged; ``val/acc`` and
-``val/auc`` at the epoch whose weights were tested (``best_epoch``, chosen by ``select_by``); ``perf/samples_per_s``
-the median over epochs. Configurations are the swept params but ``seed``: mean +- std over their seeds. Each swept
-switch's paired speed and memory ratios are judged against ``speed_margin`` and ``memory_margin`` (``faster``,
-``slower``, ``no difference``, ``inconclusive``; speed only over runs timed fairly), its test-AUC difference against
-``margin`` (``no loss``, ``loss``, ``inconclusive``). The dataset inputs the runs recorded (file split, MD5,
-samples, medmnist version) are listed.
+What it writes and how it judges each swept switch: docs/reports.md.
 """
 
 from __future__ import annotations
@@ -126,7 +111,7 @@ def configurations_table(table: pd.DataFrame, keys: list[str], front, precision:
     for metric in METRICS:
         shown_table[metric] = [
             number(metric, mean) + (f" ± {number(metric, std, mean)}" if n > 1 and not pd.isna(std) else "")
-            for mean, std, n in zip(table[metric], table[f"{metric} std"], table["n"])
+            for mean, std, n in zip(table[metric], table[f"{metric} std"], table["n"], strict=True)
         ]
     shown_table["Pareto"] = ["yes" if on else "" for on in front]
     return shown_table

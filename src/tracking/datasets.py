@@ -1,13 +1,6 @@
-"""The MLflow dataset inputs of a run: one per split of the `.npz` file it trains on.
-
-Each is named ``<file stem>/<split>`` (``adrenalmnist3d_64/train``), digested by the file's MD5 (the one
-``src.data.ensure_file`` verified: MedMNIST's files changed between versions), and profiled with the split's
-samples and class counts, the file's size and medmnist's version; its context tag is MLflow's
-``training``/``validation``/``test``. The schema is the uint8 volumes and int64 labels as tensors.
-
-A NIfTI folder's (``data=nifti``) is named ``<folder>_<size>/<split>``, its source the labels CSV, digested by the MD5
-of the CSV and the volumes (from its cache), and profiled with its classes, the spacing its volumes were resampled to
-and MONAI's version.
+"""The MLflow dataset inputs of a run: one per split of the `.npz` file it trains on (or of a NIfTI folder's cache),
+named ``<file stem>/<split>``, digested by the file's MD5 and profiled with the split's samples and class counts.
+Names, digests and profiles: docs/mlflow.md, docs/nifti.md.
 """
 
 from __future__ import annotations

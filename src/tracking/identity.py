@@ -6,8 +6,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
@@ -90,7 +91,7 @@ def run_name(overrides: Iterable[str], hashed: str | None = None, prefix: str = 
     default a hash of the named overrides, for a sweep's parent run), so cut names stay distinct."""
     overrides = list(overrides)
     named: dict[str, str] = {}  # a key given twice: its last value, as Hydra applies it
-    for text, override in zip(overrides, OverridesParser.create().parse_overrides(overrides)):
+    for text, override in zip(overrides, OverridesParser.create().parse_overrides(overrides), strict=True):
         if not override.key_or_group.startswith(NOT_NAMED):
             named[override.key_or_group] = text.lstrip("+")
     name = " ".join([prefix, *(named.values() or ["defaults"])]).strip()

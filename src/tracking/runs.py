@@ -63,7 +63,7 @@ class RunLogger:
         params: dict[str, str],
         tags: dict[str, str],
         parent_id: str | None = None,
-    ) -> "RunLogger":
+    ) -> RunLogger:
         tags = {**tags, MLFLOW_RUN_NAME: name, **({MLFLOW_PARENT_RUN_ID: parent_id} if parent_id else {})}
         run = client.create_run(experiment_id(client, experiment), tags=tags, run_name=name)
         logger = cls(client, run.info.run_id)

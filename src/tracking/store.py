@@ -9,8 +9,9 @@ import logging
 import os
 import sqlite3
 import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import mlflow
 from mlflow.entities import ExperimentTag

@@ -67,7 +67,7 @@ def turn_moves(code: int) -> list[int]:
     flip of a before a transpose is a flip of b after it.
     """
     axes, flips = [0, 1, 2], [False] * 3
-    for k, (a, b) in zip((code // 16, code // 4 % 4, code % 4), PLANES):
+    for k, (a, b) in zip((code // 16, code // 4 % 4, code % 4), PLANES, strict=True):
         a, b = a - 2, b - 2
         if k % 2:
             axes[a], axes[b], flips[a], flips[b] = axes[b], axes[a], flips[b], flips[a]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -109,7 +109,7 @@ class OtherLoad:
         self._busy = self._own = 0.0
 
     @classmethod
-    def of(cls, device: torch.device, ranks_on_node: int) -> "OtherLoad":
+    def for_device(cls, device: torch.device, ranks_on_node: int) -> OtherLoad:
         """The job is this process, or with several ranks on this node the process that started them."""
         this = psutil.Process()
         return cls(this.parent() if ranks_on_node > 1 else this, device)

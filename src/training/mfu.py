@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 import cachetools
 import torch
@@ -43,7 +43,7 @@ class Mfu:
     on_new_peak: Callable[[Peak], None] = lambda peak: None
 
     @classmethod
-    def of(cls, cfg: Config, device: torch.device, devices: int) -> "Mfu":
+    def from_config(cls, cfg: Config, device: torch.device, devices: int) -> Mfu:
         dtype = resolve_amp_dtype(cfg, device) if cfg.amp else torch.float32
         return cls(flops_per_sample(cfg), peak_flops(device, dtype), devices, device, dtype)
 

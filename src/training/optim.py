@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 import torch
 
@@ -19,7 +19,7 @@ class Precision:
     scaler: torch.amp.GradScaler
 
     @classmethod
-    def build(cls, enabled: bool, dtype: torch.dtype, device: torch.device) -> "Precision":
+    def build(cls, enabled: bool, dtype: torch.dtype, device: torch.device) -> Precision:
         enabled = enabled and dtype != torch.float32
         return cls(
             lambda: torch.autocast(device.type, dtype=dtype, enabled=enabled),

@@ -11,8 +11,9 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -109,7 +110,7 @@ class Trainer:
         self.loss_weight = None if weight is None else weight.to(device)
         self.augment = Augment(cfg.aug)
         ranks_on_node = int(os.environ.get("LOCAL_WORLD_SIZE", rank.world))
-        self.meter = ThroughputMeter(device, load=OtherLoad.of(device, ranks_on_node))
+        self.meter = ThroughputMeter(device, load=OtherLoad.for_device(device, ranks_on_node))
         self.timed: list[dict[str, float]] = []  # each epoch's samples/s, steps timed and other processes' load
         self.memory = MemoryMonitor(device)
 

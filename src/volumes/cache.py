@@ -117,7 +117,7 @@ def build(cfg: DataConfig, table: Table, path: Path) -> None:
 
 def median_spacing(table: Table, headers: list[Header]) -> list[float]:
     """The training volumes' median voxel size along R, A, S."""
-    train = [header.spacing for row, header in zip(table.rows, headers) if row.split == "train"]
+    train = [header.spacing for row, header in zip(table.rows, headers, strict=True) if row.split == "train"]
     return np.median(train, axis=0).round(4).tolist()
 
 

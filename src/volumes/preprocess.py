@@ -7,10 +7,11 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -53,7 +54,7 @@ def read_header(table: Table, row: Row) -> Header:
 def check_layout(cfg: DataConfig, table: Table, headers: list[Header]) -> None:
     """One dimensionality for every volume: 3-D, or 4-D with the channels last; ``data.in_channels`` channels."""
     first, shape = table.rows[0], headers[0].shape
-    for row, header in zip(table.rows, headers):
+    for row, header in zip(table.rows, headers, strict=True):
         if len(header.shape) != len(shape):
             raise UsageError(
                 f"{table.csv}: volumes of mixed dimensionality: {first.image} (line {first.line}) is "

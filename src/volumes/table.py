@@ -68,7 +68,7 @@ def read_table(cfg: DataConfig) -> Table:
     splits = given_splits(path, records, classes, labels) if given else stratified(cfg, path, classes, labels)
     rows = tuple(
         Row(line, record["image"], root / record["image"], label, split)
-        for (line, record), label, split in zip(records, labels, splits)
+        for (line, record), label, split in zip(records, labels, splits, strict=True)
     )
     return Table(path, root, tuple(classes), rows, given)
 
@@ -131,7 +131,7 @@ def class_indices(cfg: DataConfig, path: Path, records: Records) -> tuple[list[s
         return classes, [lookup[label] for _, label in labels]
     indices = [int(label) for _, label in labels]
     classes = cfg.classes or [str(k) for k in range(max(indices) + 1)]
-    for (line, _), index in zip(labels, indices):
+    for (line, _), index in zip(labels, indices, strict=True):
         if not 0 <= index < len(classes):
             raise UsageError(
                 f"{path} line {line}: label {index} is not a class: class indices are 0..{len(classes) - 1}"
@@ -156,7 +156,7 @@ def check_classes(cfg: DataConfig, path: Path, classes: list[str]) -> None:
 def given_splits(path: Path, records: Records, classes: list[str], labels: list[int]) -> list[str]:
     """The split column, checked: known values, every split present, every class in ``train``."""
     splits = [record["split"] for _, record in records]
-    for (line, _), split in zip(records, splits):
+    for (line, _), split in zip(records, splits, strict=True):
         if split not in SPLITS:
             raise UsageError(
                 f"{path} line {line}: split {split!r} is not train, val or test: fix it, or drop the split column "
@@ -165,7 +165,7 @@ def given_splits(path: Path, records: Records, classes: list[str], labels: list[
     for name in SPLITS:
         if name not in splits:
             raise UsageError(f"{path} has no {name} rows: mark some rows {name} in its split column")
-    trained = {label for label, split in zip(labels, splits) if split == "train"}
+    trained = {label for label, split in zip(labels, splits, strict=True) if split == "train"}
     for k, name in enumerate(classes):
         if k not in trained:
             raise UsageError(f"{path}: class {name!r} has no train row: mark some of its rows train")

@@ -227,7 +227,7 @@ def test_fused_optimizer_takes_the_per_parameter_loops_steps(name):
                 p.grad = torch.randn_like(p)
             optimizer.step()
         trained.append(list(model.parameters()))
-    for loop, fused in zip(*trained):
+    for loop, fused in zip(*trained, strict=True):
         torch.testing.assert_close(fused, loop, rtol=1e-6, atol=1e-7)
 
 

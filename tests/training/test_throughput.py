@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from src.training.meters import RUN_WARMUP, OtherLoad, ThroughputMeter, is_contended
-from tests.test_engine import trainer_for
+from tests.training.test_engine import trainer_for
 
 CPU = torch.device("cpu")
 BURN = "import time\nend = time.time() + 60\nwhile time.time() < end: pass"

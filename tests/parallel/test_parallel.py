@@ -71,9 +71,8 @@ def test_gpu_slots_are_exclusive(tmp_path):
     with dist.gpu_slot(tmp_path, 2) as first, dist.gpu_slot(tmp_path, 2) as second:
         assert (first, second) == (0, 1)
         message = f"all 2 GPU slots in {tmp_path} are taken: lower hydra.launcher.n_jobs"
-        with pytest.raises(UsageError, match=f"^{re.escape(message)}$"):
-            with dist.gpu_slot(tmp_path, 2):
-                pass
+        with pytest.raises(UsageError, match=f"^{re.escape(message)}$"), dist.gpu_slot(tmp_path, 2):
+            pass
     with dist.gpu_slot(tmp_path, 2) as again:
         assert again == 0  # released when the job ends
 
@@ -104,7 +103,7 @@ def test_ddp_follows_the_single_process_loss_trajectory(tmp_path, store, shared_
     losses = [[v for _, v in history(store, r.info.run_id)["train/loss"]] for r in (one, two)]
     assert len(losses[0]) == len(losses[1]) == 20
     assert losses[0][0] != losses[0][-1]  # it trains
-    assert max(abs(a - b) for a, b in zip(*losses)) < 1e-5
+    assert max(abs(a - b) for a, b in zip(*losses, strict=True)) < 1e-5
     assert {"mem/peak_mb/rank0", "mem/peak_mb/rank1"} <= set(two.data.metrics)
 
 

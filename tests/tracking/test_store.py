@@ -12,8 +12,8 @@ import sqlite3
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import mlflow
 import pytest
@@ -150,7 +150,7 @@ def test_a_read_only_store_is_refused_even_to_root(reachable_folder):
     assert result.stdout.splitlines() == [
         f"mlflow.tracking_uri=sqlite:///{path} is read-only: {kind} {path if kind == 'database' else path.parent} is "
         "read-only for this user: make it writable, or set mlflow.tracking_uri to a store in a writable folder"
-        for path, (*_, kind) in zip(paths, READ_ONLY)
+        for path, (*_, kind) in zip(paths, READ_ONLY, strict=True)
     ]
     assert [sorted(path.parent.iterdir()) for path in paths] == [[], [paths[1]], [paths[2]]]  # nothing created
 

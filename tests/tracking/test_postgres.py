@@ -18,8 +18,9 @@ import shlex
 import signal
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import mlflow
 import pytest

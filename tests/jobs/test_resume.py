@@ -8,8 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import mlflow
 import numpy as np
@@ -70,7 +70,7 @@ def assert_same_weights(path: Path, reference: Path) -> None:
         assert all(torch.equal(ours[part][k], theirs[part][k]) for k in ours[part]), part
     assert all(
         torch.equal(a, b)
-        for a, b in zip(ours["optimizer"]["state"][0].values(), theirs["optimizer"]["state"][0].values())
+        for a, b in zip(ours["optimizer"]["state"][0].values(), theirs["optimizer"]["state"][0].values(), strict=True)
     )
 
 
@@ -91,7 +91,7 @@ def assert_equals_reference(store: str, run_id: str, folder: Path, reference: tu
     assert run.info.status == "FINISHED"
     assert_one_value_per_epoch(store, run_id)
     assert results(store, run_id) == results(ref_store, ref_id)
-    assert RESULTS <= set(results(store, run_id))
+    assert set(results(store, run_id)) >= RESULTS
     assert_same_weights(folder / checkpoint.FILE, ref_checkpoint)
 
 

@@ -64,7 +64,7 @@ def tables(markdown: str) -> dict[str, list[dict[str, str]]]:
         lines = [line for line in section.splitlines() if line.startswith("| ")]
         if lines:
             header, *rows = ([cell.strip() for cell in line[2:-2].split(" | ")] for line in lines)
-            found[section.splitlines()[0]] = [dict(zip(header, row)) for row in rows[1:]]
+            found[section.splitlines()[0]] = [dict(zip(header, row, strict=True)) for row in rows[1:]]
     return found
 
 
@@ -563,7 +563,7 @@ def test_an_experiment_is_reported_without_logging_anywhere(logged_sweep, tmp_pa
     caplog.set_level("INFO")
     before = client.list_artifacts(parent, "report")
     out = report(report_config("mlflow.experiment=medsweep", f"mlflow.tracking_uri={store}", f"out={tmp_path}/exp"))
-    assert out == tmp_path / "exp" and REPORT_FILES <= {p.name for p in out.iterdir()}
+    assert out == tmp_path / "exp" and {p.name for p in out.iterdir()} >= REPORT_FILES
     assert len(tables((out / "report.md").read_text())["Finished runs"]) == 4  # the parent run is not a job
     assert client.list_artifacts(parent, "report") == before
     assert "not logged to MLflow" in caplog.text

@@ -11,8 +11,9 @@ import json
 import math
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 import mlflow
 import pytest

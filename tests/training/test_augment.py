@@ -1,4 +1,4 @@
-"""src/augment.py: seeded per-sample augmentation, exact voxel moves, background padding, layouts, step streams."""
+"""src/training/augment.py: seeded per-sample augmentation, exact voxel moves, background padding, layouts, steps."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def test_permute_voxels_matches_rot90_then_flip_for_every_combination():
     out = permute_voxels(x, codes, flips)
     for i, (t, f) in enumerate(combos):
         want = x[i]
-        for k, (a, b) in zip(t, PLANES):
+        for k, (a, b) in zip(t, PLANES, strict=True):
             want = torch.rot90(want, k, (a - 1, b - 1))
         want = want.flip([axis + 1 for axis in range(3) if f[axis]]) if any(f) else want
         assert torch.equal(out[i], want), (t, f)

@@ -17,8 +17,8 @@ from omegaconf import OmegaConf
 
 from src.errors import UsageError
 from src.folders import held
-from src.jobs import resume as resumption
 from src.jobs.plan import plan_job
+from src.jobs.resume import resumable
 from src.tracking.identity import code_fingerprint, config_hash, flatten
 from src.tracking.store import ensure_store, experiment_id
 from src.training import checkpoint
@@ -85,18 +85,18 @@ def test_an_unfinished_run_of_the_same_config_and_code_is_resumed_others_are_nam
     hashed = config_hash(flatten(compose_config(*overrides)))
     other_code = unfinished_run(client, overrides, tmp_path / "a", "KILLED", code_fingerprint="0ld")
     oom = unfinished_run(client, overrides, tmp_path / "b", "FAILED", status="oom")
-    assert resumption.resumable(client, typed, hashed) == (None, None)
+    assert resumable(client, typed, hashed) == (None, None)
     assert f"run {other_code} (KILLED) of this config left" in caplog.text and "other code trained it" in caplog.text
     assert f"run {oom} (FAILED) of this config left" in caplog.text and "status=oom" in caplog.text
 
     killed = unfinished_run(client, overrides, tmp_path / "c", "KILLED")
-    resume, busy = resumption.resumable(client, typed, hashed)
+    resume, busy = resumable(client, typed, hashed)
     assert (resume.run_id, resume.folder, resume.epoch, busy) == (killed, tmp_path / "c", 1, None)
     plan = plan_job(compose_config(*overrides), hydra_job(tmp_path / "job", overrides))
     assert (plan.resume.run_id, plan.output_dir) == (killed, tmp_path / "c")
 
     with held(tmp_path / "c", "job", "wait"):  # a live process trains it: this job trains nothing
-        assert resumption.resumable(client, typed, hashed) == (None, killed)
+        assert resumable(client, typed, hashed) == (None, killed)
     skipped = plan_job(compose_config(*overrides, "skip_finished=false"), hydra_job(tmp_path / "job", overrides))
     assert skipped.resume is None
 

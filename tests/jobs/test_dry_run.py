@@ -27,7 +27,7 @@ from src.resolve import validate
 from src.tracking.identity import config_hash, flatten, run_name
 from src.training.meters import MIN_TIMED_STEPS
 from tests.helpers import compose_config, run_cli, runs, small_run
-from tests.test_train import BAD_INPUTS
+from tests.jobs.test_train import BAD_INPUTS
 
 TIMED = r"~[0-9.e-]+ min ±[0-9]+% \(timed [0-9]+ steps(, machine busy)?\)"  # a timed estimate, as a line ends
 

@@ -21,7 +21,6 @@ from src.data import read_npz, to_input
 from src.parallel.dist import Rank
 from src.tracking.runs import RunLogger
 from src.tracking.store import experiment_id
-from src.tracking.system_metrics import node_id
 from tests.helpers import run_cli, small_run
 
 SYSTEM_METRICS = ("system/cpu_utilization_percentage", "system/system_memory_usage_megabytes")
@@ -165,7 +164,7 @@ def test_each_node_of_a_multi_node_job_logs_its_system_metrics_apart(monkeypatch
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    assert node_id(rank) == expected
+    assert rank.node == expected
 
 
 def test_two_jobs_linking_the_same_dataset_at_once_both_succeed(store):

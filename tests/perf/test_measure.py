@@ -133,7 +133,7 @@ def test_a_stale_probe_is_taken_again_and_the_best_one_kept(tmp_path, monkeypatc
     monkeypatch.setenv("MEDSWEEP_CACHE_DIR", str(tmp_path))
     key = plant_peak(tmp_path, planted, now() - PEAK_MAX_AGE - datetime.timedelta(days=1))
     peak = peak_flops(CPU, torch.float32)
-    assert (peak.flops == planted) == kept and 1e9 < peak.flops and peak.source == "probe"
+    assert (peak.flops == planted) == kept and peak.flops > 1e9 and peak.source == "probe"
     assert peak.age() < datetime.timedelta(hours=1) and cached_peaks()[key] == peak  # probed now: fresh again
 
 

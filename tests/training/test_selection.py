@@ -8,7 +8,7 @@ import pytest
 
 from src.config import SelectBy
 from src.training.selection import SMOOTHING, Selection
-from tests.test_engine import trainer_for
+from tests.training.test_engine import trainer_for
 
 # epoch 2 is a spike (the Adrenal seed-2 case of docs/accuracy.md: a high AUC, a high loss); 5-7 have settled
 AUC = [0.70, 0.86, 0.62, 0.74, 0.80, 0.81, 0.80]
@@ -17,7 +17,7 @@ LOSS = [0.60, 2.90, 0.70, 0.52, 0.45, 0.44, 0.46]
 
 def picked(rule: SelectBy, auc=AUC, loss=LOSS) -> int:
     selection, best = Selection(rule), 0
-    for epoch, (area, entropy) in enumerate(zip(auc, loss), start=1):
+    for epoch, (area, entropy) in enumerate(zip(auc, loss, strict=True), start=1):
         if selection.improves({"val/auc": area, "val/loss": entropy}, epoch, first=epoch == 1):
             best = epoch
     return best
@@ -35,8 +35,8 @@ def test_each_rule_picks_its_epoch_from_a_history_with_a_spike():
 
 
 def test_an_undefined_first_score_does_not_block_later_epochs():
-    assert picked(SelectBy.val_auc, auc=[math.nan, 0.6, 0.7]) == 3
-    assert picked(SelectBy.val_auc_smoothed, auc=[math.nan, 0.6, 0.7]) == 3
+    assert picked(SelectBy.val_auc, auc=[math.nan, 0.6, 0.7], loss=LOSS[:3]) == 3
+    assert picked(SelectBy.val_auc_smoothed, auc=[math.nan, 0.6, 0.7], loss=LOSS[:3]) == 3
 
 
 @pytest.mark.parametrize("rule,epoch", [("last", 3), ("val_auc", None)])

@@ -312,7 +312,7 @@ def test_channels_last_matches_contiguous(name, switches):
         results.append((out, [p.grad.clone() for p in model.parameters()]))
     (expected, expected_grads), (out, grads) = results
     torch.testing.assert_close(out, expected)
-    for grad, expected_grad in zip(grads, expected_grads):
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
         torch.testing.assert_close(grad, expected_grad)
 
 
@@ -457,9 +457,9 @@ def test_checkpointing_gives_the_same_outputs_gradients_and_running_stats():
         outputs.append(out)
     torch.testing.assert_close(outputs[1], outputs[0])
     assert len(bottleneck_calls) == 58 + 3 and set(bottleneck_calls.values()) == {2}  # forward, then recomputed
-    for (name, a), b in zip(plain.named_parameters(), efficient.parameters()):
+    for (name, a), b in zip(plain.named_parameters(), efficient.parameters(), strict=True):
         torch.testing.assert_close(b.grad, a.grad, msg=name)
-    for (name, a), b in zip(plain.named_buffers(), efficient.buffers()):
+    for (name, a), b in zip(plain.named_buffers(), efficient.buffers(), strict=True):
         assert torch.equal(a, b), name  # one running-stat update per step, not two
 
 

@@ -13,7 +13,8 @@ import torch
 from src.data import class_names, npz_path, to_input
 from src.jobs import resume
 from src.parallel.launch import METRICS_FILE
-from src.perf.memory import predicted_memory_metrics
+from src.perf.flop_cache import counted_flops
+from src.perf.memory_cache import predicted_memory_metrics
 from src.perf.startup import StartupClock
 from src.resolve import resolve_amp_dtype
 from src.tracking.datasets import dataset_inputs
@@ -64,7 +65,7 @@ class MainReporter(Reporter):
 
     def __init__(self, job: Job, device: torch.device, world: int) -> None:
         self.job, self.device = job, device
-        self.mfu = Mfu.from_config(job.cfg, device, world)
+        self.mfu = Mfu.from_config(job.cfg, device, world, counted_flops(job.cfg))
         self.epoch_metrics = (predicted_memory_metrics(job.cfg, device), self.mfu)
         self.resumed_at_end = False  # trained to the end before it stopped: the test may be logged already
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import cachetools
@@ -312,9 +311,3 @@ def predict(cfg: Config, device: torch.device, batch_size: int | None = None) ->
     parts = {name: value / MIB for name, value in parts.items()}
     total = sum(value for name, value in parts.items() if device.type == "cuda" or name not in CPU_BASELINE)
     return MemoryPrediction(device.type, batch, **parts, total_mb=total)
-
-
-def predicted_memory_metrics(cfg: Config, device: torch.device) -> Callable[[dict[str, float]], dict[str, float]]:
-    """A Trainer's epoch-metrics hook: ``mem/predicted_mb`` and ``mem/predict_ratio`` (measured peak over it)."""
-    predicted = predict(cfg, device).total_mb
-    return lambda metrics: {"mem/predicted_mb": predicted, "mem/predict_ratio": metrics["mem/peak_mb"] / predicted}

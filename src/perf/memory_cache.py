@@ -1,13 +1,14 @@
 """The memory predictor's figures (:func:`src.perf.memory.predict`) kept in ``memory_predictions.json`` beside the
 peak-FLOP/s cache (:mod:`src.perf.probe_cache`): a replay costs 1-5 s of one core (densenet121 at 28^3, 2026-11-24),
-a read nothing, so a sweep listed again by a dry run reads its jobs' peaks. Keyed by the whole config, the device and
-the probe key's machine, software and code (the predictor and the models are in the code's fingerprint): a figure is
-reused only for the same inputs and code. Entries are used for :data:`MAX_AGE`, then predicted again."""
+a read nothing, so a dry run listing a sweep again and a job's start-up read their peaks. Keyed by the config (its
+seed aside), the device and the probe key's machine, software and code (the predictor and the models are in the code's
+fingerprint). Entries are used for :data:`MAX_AGE`, then predicted again."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+from collections.abc import Callable
 
 import torch
 
@@ -23,7 +24,13 @@ CACHE = ProbeCache("memory_predictions.json", fresh=lambda entry: age(entry) <= 
 def predicted(cfg: Config, device: torch.device) -> MemoryPrediction:
     """``predict(cfg, device)``, from the cache when it holds it; the replay holds the machine shared (no step timing
     of another process meanwhile)."""
-    name = key(device, thread_count(cfg), repr((cfg, device)))
+    name = key(device, thread_count(cfg), repr((dataclasses.replace(cfg, seed=0), device)))  # sizes, not values
     with machine(exclusive=False):
         entry = CACHE.get(name) or CACHE.put(name, dataclasses.asdict(predict(cfg, device)))
     return MemoryPrediction(**{field.name: entry[field.name] for field in dataclasses.fields(MemoryPrediction)})
+
+
+def predicted_memory_metrics(cfg: Config, device: torch.device) -> Callable[[dict[str, float]], dict[str, float]]:
+    """A Trainer's epoch-metrics hook: ``mem/predicted_mb`` and ``mem/predict_ratio`` (measured peak over it)."""
+    total = predicted(cfg, device).total_mb
+    return lambda metrics: {"mem/predicted_mb": total, "mem/predict_ratio": metrics["mem/peak_mb"] / total}

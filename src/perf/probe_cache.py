@@ -37,11 +37,16 @@ def age(entry: Entry) -> datetime.timedelta:
     return now() - datetime.datetime.fromisoformat(entry["at"])
 
 
+def software_key(probed: str) -> str:
+    """The key of a probe that does not depend on the machine: torch's version, the code's fingerprint and a hash of
+    ``probed`` (what was probed)."""
+    return f"torch {torch.__version__}|code {code_fingerprint()}|{hashlib.sha256(probed.encode()).hexdigest()[:16]}"
+
+
 def key(device: torch.device, threads: int, probed: str) -> str:
-    """A probe's key: the host, the device's name, torch's version, the CPU threads, the code's fingerprint and a hash
-    of ``probed`` (what was probed), so a probe is reused only on the same machine, with the same software and code."""
-    software = f"torch {torch.__version__}|threads {threads}|code {code_fingerprint()}"
-    return f"{host()}|{device_name(device)}|{software}|{hashlib.sha256(probed.encode()).hexdigest()[:16]}"
+    """A probe's key: the host, the device's name and the CPU threads, then :func:`software_key`, so a probe is
+    reused only on the same machine, with the same software and code."""
+    return f"{host()}|{device_name(device)}|threads {threads}|{software_key(probed)}"
 
 
 @contextlib.contextmanager

@@ -43,9 +43,11 @@ class Mfu:
     on_new_peak: Callable[[Peak], None] = lambda peak: None
 
     @classmethod
-    def from_config(cls, cfg: Config, device: torch.device, devices: int) -> Mfu:
+    def from_config(cls, cfg: Config, device: torch.device, devices: int, flops: float | None = None) -> Mfu:
+        """``flops``: :func:`flops_per_sample` of ``cfg``, counted here when not given."""
         dtype = resolve_amp_dtype(cfg, device) if cfg.amp else torch.float32
-        return cls(flops_per_sample(cfg), peak_flops(device, dtype), devices, device, dtype)
+        flops = flops_per_sample(cfg) if flops is None else flops
+        return cls(flops, peak_flops(device, dtype), devices, device, dtype)
 
     def __call__(self, metrics: dict[str, float]) -> dict[str, float]:
         achieved = self.flops_per_sample * metrics["perf/samples_per_s"]

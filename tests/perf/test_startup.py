@@ -1,15 +1,18 @@
-"""The start-up clock (``time/startup_s``) and the per-process caches of the start-up probes."""
+"""The start-up clock (``time/startup_s``) and the caches of the start-up probes, in a process and on disk."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from src.perf import startup
+from src.perf import flop_cache, memory_cache, startup
+from src.perf.flop_cache import counted_flops
 from src.perf.memory import footprint
+from src.perf.memory_cache import predicted_memory_metrics
 from src.training.mfu import flops_per_sample
 from tests.helpers import compose_config
 
@@ -56,3 +59,27 @@ def test_a_sweeps_later_jobs_reuse_the_probes_of_an_equal_model():
     assert footprint(seed0, CPU, 2) is not footprint(amp, CPU, 2)
     assert footprint(seed0, CPU, 2) is not footprint(seed0, CPU, 4)
     assert flops_per_sample(seed0) == flops_per_sample(seed1)
+
+
+def test_the_start_up_probes_are_read_from_disk_by_a_later_process(monkeypatch, tmp_path):
+    """A later process (its in-process caches empty) reads the FLOP count and the memory prediction that an earlier
+    one wrote; a seed does not change either. The counting functions are replaced by ones that fail, to show that
+    they are not called (the files are real)."""
+    monkeypatch.setenv("MEDSWEEP_CACHE_DIR", str(tmp_path))
+    seed0, seed1 = (
+        OmegaConf.to_object(compose_config("model=resnet10", "data=synthetic", f"seed={seed}")) for seed in (0, 1)
+    )
+    flops, memory = counted_flops(seed0), predicted_memory_metrics(seed0, CPU)({"mem/peak_mb": 100.0})
+    assert flops == flops_per_sample(seed0)
+    assert len(json.loads((tmp_path / "flops_per_sample.json").read_text())) == 1
+
+    def not_probed(*args):
+        raise AssertionError("probed again")
+
+    monkeypatch.setattr(flop_cache, "flops_per_sample", not_probed)
+    monkeypatch.setattr(memory_cache, "predict", not_probed)
+    assert counted_flops(seed1) == flops
+    assert predicted_memory_metrics(seed1, CPU)({"mem/peak_mb": 100.0}) == memory
+    assert len(json.loads((tmp_path / "memory_predictions.json").read_text())) == 1
+    with pytest.raises(AssertionError, match="probed again"):
+        counted_flops(OmegaConf.to_object(compose_config("model=resnet18", "data=synthetic")))

@@ -53,11 +53,12 @@ def cpu_has_fast_bf16() -> bool:
 
 
 def resolve_amp_dtype(cfg: Config, device: torch.device) -> torch.dtype:
-    """``auto``: float16 on CUDA; on CPU bfloat16 where it is native, else float32 (autocast would only slow
-    the run down). float16 on CPU is refused (no fp16 units, ~50x slower)."""
+    """``auto``: on CUDA bfloat16 where the GPU computes it natively (compute capability 8.0 on: no GradScaler),
+    else float16 (with one); on CPU bfloat16 where it is native, else float32 (autocast would only slow the run down).
+    float16 on CPU is refused (no fp16 units, ~50x slower)."""
     if cfg.amp_dtype is AmpDtype.auto:
         if device.type == "cuda":
-            return torch.float16
+            return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
         return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
     if cfg.amp_dtype is AmpDtype.float16 and device.type != "cuda":
         raise UsageError("amp_dtype=float16 needs a CUDA device (this run is on cpu): use amp_dtype=bfloat16 or auto")

@@ -15,6 +15,18 @@ from tests.helpers import ROOT
 register()
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` are skipped where no CUDA device is visible."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """``data/medmnist``: AdrenalMNIST3D at 28^3 and 64^3, VesselMNIST3D at 28^3."""

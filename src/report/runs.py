@@ -11,14 +11,17 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import pandas as pd
+import yaml
 from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from src.config import ReportConfig
 from src.errors import UsageError
 from src.report.analysis import AUC, CONTENDED, DTYPE, MEMORY, STEPS_TIMED, THROUGHPUT
-from src.tracking.store import search_all
+from src.tracking.store import search_all, tracking_uri
 from src.tracking.sweep import PARENT_ID_FILE, read_parent_id
 
 METRICS = ["test/acc", AUC, "val/acc", "val/auc", THROUGHPUT, MEMORY, "mem/predicted_mb"]
@@ -35,6 +38,20 @@ class Selection:
     runs: list[Run]
     parent_id: str | None
     out: Path
+
+
+def report_store(cfg: ReportConfig) -> str:
+    """``mlflow.tracking_uri`` when given; else, for ``sweep=<folder>``, the store its jobs logged to (the folder's
+    ``multirun.yaml``, which Hydra writes); else the default store."""
+    recorded = Path(cfg.sweep).expanduser() / "multirun.yaml" if cfg.sweep is not None else None
+    if cfg.mlflow.tracking_uri is None and recorded is not None and recorded.is_file():
+        try:
+            uri = OmegaConf.select(OmegaConf.load(recorded), "mlflow.tracking_uri", default=None)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError, OmegaConfBaseException):
+            uri = None  # not a file Hydra wrote: the default store, whose check names what is missing
+        if isinstance(uri, str) and uri:
+            return uri
+    return tracking_uri(cfg)
 
 
 def parent_run(client: mlflow.MlflowClient, run_id: str, selector: str, uri: str) -> Run:

@@ -43,8 +43,17 @@ from src.report.analysis import (
     verdict_text,
 )
 from src.report.register import register_best
-from src.report.runs import METRICS, Selection, datasets_table, param_columns, run_frame, select, with_tags
-from src.tracking.store import ensure_store, store_exists, tracking_uri
+from src.report.runs import (
+    METRICS,
+    Selection,
+    datasets_table,
+    param_columns,
+    report_store,
+    run_frame,
+    select,
+    with_tags,
+)
+from src.tracking.store import ensure_store, store_exists
 
 log = logging.getLogger(__name__)
 
@@ -303,7 +312,7 @@ def report(cfg: ReportConfig) -> Path:
             f"{' and '.join(chosen) or 'no selector'}: give exactly one of sweep=<folder>, "
             f"parent=<run id> or mlflow.experiment=<name>"
         )
-    uri = tracking_uri(cfg)
+    uri = report_store(cfg)
     if not store_exists(uri):
         raise UsageError(f"mlflow.tracking_uri={uri}: no such store: set it to the store the runs logged to")
     client = ensure_store(uri)

@@ -39,9 +39,9 @@ from src.report.analysis import (
     verdict,
     verdict_text,
 )
-from src.report.runs import METRICS, Selection
+from src.report.runs import METRICS, Selection, report_store
 from src.report.writer import report, write_report
-from src.tracking.store import ensure_store
+from src.tracking.store import DEFAULT_TRACKING_URI, ensure_store
 from src.tracking.sweep import PARENT_ID_FILE
 from src.training.meters import MIN_TIMED_STEPS as TRAINER_MIN_TIMED_STEPS
 from tests.helpers import ROOT, run_cli, runs
@@ -584,6 +584,34 @@ def test_a_job_run_id_is_not_a_parent(logged_sweep):
         report(report_config(f"parent={child}", f"mlflow.tracking_uri={store}"))
 
 
+def test_a_sweep_folder_is_reported_from_the_store_its_jobs_logged_to(logged_sweep):
+    client, parent, sweep, store = logged_sweep
+    (sweep / "multirun.yaml").write_text(f"hydra:\n  mode: MULTIRUN\nmlflow:\n  tracking_uri: {store}\n")
+    try:
+        assert report(report_config(f"sweep={sweep}")) == sweep / "report"
+    finally:
+        (sweep / "multirun.yaml").unlink()
+
+
+@pytest.mark.parametrize(
+    "recorded",
+    [
+        "mlflow:\n  tracking_uri: sqlite:////elsewhere/mlflow.db\n",  # given on the command line: that one
+        "mlflow:\n  tracking_uri: null\n",  # the sweep used the default store
+        "mlflow: [1, 2]\n",
+        "mlflow:\n  tracking_uri: [1]\n",
+        ": : [\n",
+        "\x00\xff",
+    ],
+)
+def test_the_store_a_report_reads(tmp_path, recorded):
+    (tmp_path / "multirun.yaml").write_bytes(recorded.encode("latin-1"))
+    given = report_store(report_config(f"sweep={tmp_path}", "mlflow.tracking_uri=sqlite:////given/mlflow.db"))
+    assert given == "sqlite:////given/mlflow.db"
+    expected = "sqlite:////elsewhere/mlflow.db" if "elsewhere" in recorded else DEFAULT_TRACKING_URI
+    assert report_store(report_config(f"sweep={tmp_path}")) == expected
+
+
 BAD_SELECTORS = [
     ((), "no selector: give exactly one of sweep=<folder>, parent=<run id> or mlflow.experiment=<name>"),
     (("parent=abc", "mlflow.experiment=medsweep"), "parent=abc and mlflow.experiment=medsweep: give exactly one of"),
@@ -635,7 +663,7 @@ def test_a_real_sweep_is_reported_with_seeds_aggregated(tmp_path, store):
         f"hydra.sweep.dir={sweep}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    result = run_cli(f"sweep={sweep}", f"mlflow.tracking_uri={store}", module="src.report")
+    result = run_cli(f"sweep={sweep}", module="src.report")  # the store the sweep logged to, from its folder
     assert result.returncode == 0, result.stderr[-3000:]
     out = sweep / "report"
     found = tables((out / "report.md").read_text())

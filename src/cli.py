@@ -27,9 +27,9 @@ CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 FULL_ERROR = "HYDRA_FULL_ERROR"  # "1": Hydra raises its errors instead of printing them and exiting 1
 
 
-def command(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Callable[[], Any]]:
-    """``@command("report")`` makes ``fn(cfg)`` a Hydra app."""
-    register()
+def command(config_name: str, zoo: bool = True) -> Callable[[Callable[[DictConfig], Any]], Callable[[], Any]]:
+    """``@command("report", zoo=False)`` makes ``fn(cfg)`` a Hydra app (``zoo``: :func:`src.config.register`'s)."""
+    register(zoo)
 
     def decorate(fn: Callable[[DictConfig], Any]) -> Callable[[], Any]:
         @hydra.main(config_path=CONF_DIR, config_name=config_name, version_base="1.3")

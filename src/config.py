@@ -529,21 +529,23 @@ def check_tags(tags: list[str]) -> None:
             raise ValueError(f"tags: {name} is a tag medsweep sets itself: choose another name")
 
 
-def register() -> None:
+def register(zoo: bool = True) -> None:
     """Register the schema as ``base_config``; ``conf/config.yaml`` composes on top of it, so every
     group file is merged into a typed node (a wrong key, type or choice fails at composition).
     ``base_report`` is ``conf/report.yaml``'s. The resolver ``${fresh:<folder>}`` claims a folder of its own
-    (:func:`src.folders.fresh`). The ``model`` group's options are the registered models (:mod:`src.models.registry`),
+    (:func:`src.folders.fresh`). With ``zoo`` (``conf/config.yaml`` needs it, the report does not: it spares the
+    report importing torch), the ``model`` group's options are the registered models (:mod:`src.models.registry`),
     and ``${models:}`` names them all, comma-separated (``preset=models``' sweep)."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
     from src.folders import fresh
-    from src.models import MODELS  # importing the zoo registers it
 
     ConfigStore.instance().store(name="base_config", node=Config)
     ConfigStore.instance().store(name="base_report", node=ReportConfig)
     if not OmegaConf.has_resolver("fresh"):
         OmegaConf.register_new_resolver("fresh", fresh, use_cache=True)
-    if not OmegaConf.has_resolver("models"):
+    if zoo and not OmegaConf.has_resolver("models"):
+        from src.models import MODELS  # importing the zoo registers it
+
         OmegaConf.register_new_resolver("models", lambda: ",".join(MODELS))

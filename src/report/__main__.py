@@ -7,7 +7,7 @@ from src.cli import command
 from src.report.writer import report
 
 
-@command("report")
+@command("report", zoo=False)
 def main(cfg: DictConfig) -> None:
     report(OmegaConf.to_object(cfg))
 

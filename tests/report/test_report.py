@@ -6,6 +6,8 @@ from __future__ import annotations
 import csv
 import itertools
 import re
+import subprocess
+import sys
 
 import matplotlib.image
 import mlflow
@@ -628,6 +630,13 @@ def test_bad_selectors_name_the_value_and_the_fix(logged_sweep, tmp_path, overri
     with pytest.raises(UsageError) as raised:
         report(report_config(*(o.format(tmp=tmp_path) for o in overrides), f"mlflow.tracking_uri={store}"))
     assert str(raised.value).startswith(message.format(tmp=tmp_path))
+
+
+def test_the_report_command_does_not_import_torch():
+    """It composes conf/report.yaml only, so it spares the model zoo and torch (~2 s of its start)."""
+    code = "import sys, src.report.__main__; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
 
 
 def test_a_missing_store_is_one_error_line_and_exit_2(tmp_path):

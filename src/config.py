@@ -456,7 +456,8 @@ class ReportMlflowConfig(StoreConfig):
 
 @dataclass
 class ReportConfig:
-    """``python -m src.report``: exactly one of ``sweep``, ``parent``, ``mlflow.experiment`` selects the runs."""
+    """``python -m src.report``: one of ``sweep``, ``parent``, ``mlflow.experiment`` selects the runs (none: the latest
+    sweep)."""
 
     mlflow: ReportMlflowConfig = field(default_factory=ReportMlflowConfig)
     sweep: str | None = None  # a sweep folder (it holds the parent run id)

@@ -40,6 +40,21 @@ class Selection:
     out: Path
 
 
+SWEEPS = Path("sweeps")  # where a sweep's folder goes by default (conf/config.yaml: sweeps/<date>/<time>)
+
+
+def latest_sweep() -> Path:
+    """The latest sweep folder under ``sweeps/`` of the working directory (by its ``<date>/<time>`` name) that holds
+    its parent run's id; ``UsageError`` when there is none."""
+    found = sorted(path.parent for path in SWEEPS.glob(f"*/*/{PARENT_ID_FILE}"))
+    if not found:
+        raise UsageError(
+            f"no selector, and no sweep in {SWEEPS.resolve()}: give sweep=<folder>, parent=<run id> or "
+            f"mlflow.experiment=<name>"
+        )
+    return found[-1]
+
+
 def report_store(cfg: ReportConfig) -> str:
     """``mlflow.tracking_uri`` when given; else, for ``sweep=<folder>``, the store its jobs logged to (the folder's
     ``multirun.yaml``, which Hydra writes); else the default store."""

@@ -8,6 +8,7 @@ What it writes and how it judges each swept switch: docs/reports.md.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import logging
 from collections.abc import Mapping
@@ -47,6 +48,7 @@ from src.report.runs import (
     METRICS,
     Selection,
     datasets_table,
+    latest_sweep,
     param_columns,
     report_store,
     run_frame,
@@ -307,10 +309,12 @@ def report(cfg: ReportConfig) -> Path:
         for k, v in (("sweep", cfg.sweep), ("parent", cfg.parent), ("mlflow.experiment", cfg.mlflow.experiment))
         if v is not None
     ]
-    if len(chosen) != 1:
+    if not chosen:
+        cfg = dataclasses.replace(cfg, sweep=str(latest_sweep()))
+        log.info("no selector: the latest sweep, sweep=%s", cfg.sweep)
+    elif len(chosen) > 1:
         raise UsageError(
-            f"{' and '.join(chosen) or 'no selector'}: give exactly one of sweep=<folder>, "
-            f"parent=<run id> or mlflow.experiment=<name>"
+            f"{' and '.join(chosen)}: give exactly one of sweep=<folder>, parent=<run id> or mlflow.experiment=<name>"
         )
     uri = report_store(cfg)
     if not store_exists(uri):

@@ -8,6 +8,7 @@ import itertools
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import matplotlib.image
 import mlflow
@@ -595,6 +596,24 @@ def test_a_sweep_folder_is_reported_from_the_store_its_jobs_logged_to(logged_swe
         (sweep / "multirun.yaml").unlink()
 
 
+def test_without_a_selector_the_latest_sweep_under_sweeps_is_reported(logged_sweep, tmp_path, monkeypatch):
+    client, parent, _, store = logged_sweep
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError, match=f"no selector, and no sweep in {tmp_path}/sweeps: give sweep=<folder>"):
+        report(report_config())
+    for name, parent_id in (
+        ("2026-11-24/23-59-59", "older"),
+        ("2026-11-25/09-00-00", parent),
+        ("2026-11-25/10-00-00", None),
+    ):
+        folder = tmp_path / "sweeps" / name
+        folder.mkdir(parents=True)
+        (folder / "multirun.yaml").write_text(f"mlflow:\n  tracking_uri: {store}\n")
+        if parent_id:
+            (folder / PARENT_ID_FILE).write_text(parent_id)  # the newest folder has none: not a sweep that started
+    assert report(report_config()) == Path("sweeps/2026-11-25/09-00-00/report")
+
+
 @pytest.mark.parametrize(
     "recorded",
     [
@@ -615,7 +634,6 @@ def test_the_store_a_report_reads(tmp_path, recorded):
 
 
 BAD_SELECTORS = [
-    ((), "no selector: give exactly one of sweep=<folder>, parent=<run id> or mlflow.experiment=<name>"),
     (("parent=abc", "mlflow.experiment=medsweep"), "parent=abc and mlflow.experiment=medsweep: give exactly one of"),
     (("sweep={tmp}/nowhere",), "sweep={tmp}/nowhere: no such folder"),
     (("sweep={tmp}",), f"sweep={{tmp}} has no {PARENT_ID_FILE} file"),

@@ -224,10 +224,10 @@ def one_step(cfg: Config, device: torch.device, gpus: tuple[int, ...], world: in
 
     def step() -> float:
         start = time.perf_counter()
-        trainer._micro_step(*trainer._train_batch((images, labels), 0, next(micro_steps)))
+        trainer.micro_step(*trainer.train_batch((images, labels), 0, next(micro_steps)))
         synchronize(device)
         middle = time.perf_counter()
-        trainer._optimizer_step()
+        trainer.optimizer_step()
         synchronize(device)
         return cfg.accumulate * (middle - start) + time.perf_counter() - middle
 

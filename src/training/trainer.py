@@ -124,7 +124,7 @@ class Trainer:
             images = self.augment(images, generator)
         return images.contiguous(memory_format=self.memory_format), labels
 
-    def _train_batch(
+    def train_batch(
         self, batch: tuple[torch.Tensor, torch.Tensor], epoch: int, micro_step: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The augmentation stream is a pure function of (seed, epoch, micro-step, rank): reruns and resumed
@@ -134,7 +134,7 @@ class Trainer:
         generator = step_generator(self.device, self.cfg.seed, epoch, micro_step, self.rank.rank)
         return self._batch(batch, generator)
 
-    def _micro_step(
+    def micro_step(
         self, images: torch.Tensor, labels: torch.Tensor, sync: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward and backward of one micro-batch; returns its detached loss and correct count.
@@ -148,7 +148,8 @@ class Trainer:
             self.precision.scaler.scale(loss / self.cfg.accumulate).backward()
         return loss.detach(), (logits.argmax(1) == labels).sum()
 
-    def _optimizer_step(self) -> None:
+    def optimizer_step(self) -> None:
+        """After the micro-steps: unscale and clip, step, zero the gradients, update the EMA and a per-step schedule."""
         scaler = self.precision.scaler
         if self.cfg.grad_clip is not None:
             scaler.unscale_(self.optimizer)
@@ -181,12 +182,12 @@ class Trainer:
                 self._preempt(epoch, step, loss_sum, correct)
             for micro in range(cfg.accumulate):
                 waited = time.perf_counter()  # fetching, converting and augmenting the batch
-                images, labels = self._train_batch(next(batches), epoch, step * cfg.accumulate + micro)
+                images, labels = self.train_batch(next(batches), epoch, step * cfg.accumulate + micro)
                 self.meter.data_wait(time.perf_counter() - waited)
-                loss, hits = self._micro_step(images, labels, sync=micro == cfg.accumulate - 1)
+                loss, hits = self.micro_step(images, labels, sync=micro == cfg.accumulate - 1)
                 loss_sum += loss
                 correct += hits
-            self._optimizer_step()
+            self.optimizer_step()
             self.meter.step_done(samples_per_step)
             for hook in self.hooks.after_step:
                 hook(epoch * self.steps_per_epoch + step + 1)

@@ -149,7 +149,7 @@ def test_class_weights_are_sklearns_balanced_weights():
 def test_weighted_smoothed_loss_is_torchs(shared_data):
     trainer = trainer_for("class_weights=true", "label_smoothing=0.1", "batch_size=8", data_root=shared_data)
     images, labels = trainer._batch(next(iter(trainer.loaders["train"])))
-    loss, _ = trainer._micro_step(images, labels)
+    loss, _ = trainer.micro_step(images, labels)
     with torch.no_grad():
         expected = nn.functional.cross_entropy(
             trainer.model(images),
@@ -236,11 +236,11 @@ def test_augmentation_is_seeded_per_step_and_off_in_evaluation(shared_data):
         trainer_for("aug=standard", f"seed={s}", "batch_size=4", data_root=shared_data) for s in (0, 0, 1)
     )
     batch = next(iter(same.loaders["train"]))
-    augmented = same._train_batch(batch, epoch=0, micro_step=0)[0]
-    assert torch.equal(augmented, again._train_batch(batch, 0, 0)[0])  # same seed: same batches
-    assert not torch.equal(augmented, other._train_batch(batch, 0, 0)[0])  # another seed: other batches
-    assert not torch.equal(augmented, same._train_batch(batch, 0, 1)[0])  # the next micro-step: other transforms
+    augmented = same.train_batch(batch, epoch=0, micro_step=0)[0]
+    assert torch.equal(augmented, again.train_batch(batch, 0, 0)[0])  # same seed: same batches
+    assert not torch.equal(augmented, other.train_batch(batch, 0, 0)[0])  # another seed: other batches
+    assert not torch.equal(augmented, same.train_batch(batch, 0, 1)[0])  # the next micro-step: other transforms
     assert not torch.equal(augmented, same._batch(batch)[0])
     plain = trainer_for("aug=none", "batch_size=4", data_root=shared_data)
-    assert torch.equal(plain._train_batch(batch, 0, 0)[0], plain._batch(batch)[0])  # aug=none: as stored
+    assert torch.equal(plain.train_batch(batch, 0, 0)[0], plain._batch(batch)[0])  # aug=none: as stored
     assert same.evaluate("val") == plain.evaluate("val")  # equal weights (tiny_net seeds itself): never augmented

@@ -41,7 +41,7 @@ def within(
         raise ValueError(f"{key}={value} must be {bounds}{' or null' if null else ''}{fix}")
 
 
-def each(key: str, values: list, *bounds: Any, count: int | None = None, what: str = "", **options: Any) -> None:
+def within_each(key: str, values: list, *bounds: Any, count: int | None = None, what: str = "", **options: Any) -> None:
     """``values``: exactly ``count`` of them (``what`` they are) if set, each :func:`within` ``bounds``."""
     if count is not None and len(values) != count:
         raise ValueError(f"{key}={values} must be {count} values: {what}")
@@ -210,7 +210,7 @@ class DataConfig:
             raise ValueError(f"data.task={self.task} is not a task the trainer supports: use one of {', '.join(TASKS)}")
         within("data.num_workers", self.num_workers, 0)
         sizes = "the train, val and test sizes, e.g. [256,64,64]"
-        each("data.synthetic_samples", self.synthetic_samples, 1, count=3, what=sizes)
+        within_each("data.synthetic_samples", self.synthetic_samples, 1, count=3, what=sizes)
         self.check_volume_keys()
 
     def check_volume_keys(self) -> None:
@@ -221,13 +221,13 @@ class DataConfig:
         if self.classes is not None and len(set(self.classes)) < max(2, len(self.classes)):
             raise ValueError(f"data.classes={self.classes} must name 2 or more classes, each once")
         fractions = "the train, val and test fractions of each class, e.g. [0.7,0.1,0.2]"
-        each("data.split_fractions", self.split_fractions, 0, 1, "()", count=3, what=fractions)
+        within_each("data.split_fractions", self.split_fractions, 0, 1, "()", count=3, what=fractions)
         if not math.isclose(sum(self.split_fractions), 1):
             raise ValueError(f"data.split_fractions={self.split_fractions} must sum to 1 ({fractions})")
         within("data.split_seed", self.split_seed, 0, SEED_MAX, "[]")
         if self.spacing is not None:
             millimetres = "millimetres along R, A and S, e.g. [1,1,1]; or null: the training volumes' median"
-            each("data.spacing", self.spacing, 0, ends="()", count=3, what=millimetres)
+            within_each("data.spacing", self.spacing, 0, ends="()", count=3, what=millimetres)
         if not math.isfinite(self.window_level):
             raise ValueError(f"data.window_level={self.window_level} must be a finite number (the window's centre)")
         within("data.window_width", self.window_width, 0, ends="()", fix=" (the window's width)")
@@ -287,7 +287,7 @@ class OptimConfig:
                 f"optim.nesterov=true with optim.name={self.name.value}, optim.momentum={self.momentum}: "
                 f"Nesterov needs optim=sgd with optim.momentum > 0; or use optim.nesterov=false"
             )
-        each("optim.betas", self.betas, 0, 1, count=2, what="Adam's beta1 and beta2, e.g. [0.9,0.999]")
+        within_each("optim.betas", self.betas, 0, 1, count=2, what="Adam's beta1 and beta2, e.g. [0.9,0.999]")
 
 
 @dataclass
@@ -300,7 +300,7 @@ class SchedConfig:
     cycle_epochs: float = 2.0  # cyclic: epochs per up-and-down cycle
 
     def __post_init__(self) -> None:
-        each("sched.milestones", self.milestones, 0, 1, "()", fix=" (a fraction of the epochs)")
+        within_each("sched.milestones", self.milestones, 0, 1, "()", fix=" (a fraction of the epochs)")
         within("sched.gamma", self.gamma, 0, 1, "(]", fix=" (the factor at each milestone)")
         within("sched.min_lr", self.min_lr, 0)
         within("sched.base_lr", self.base_lr, 0, ends="()")

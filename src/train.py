@@ -73,10 +73,10 @@ def run_job(cfg: DictConfig, clock: StartupClock, preemption: Preemption) -> flo
             raise PreemptedExit(preemption.exit_code) from None
         return float("nan")
     with held(plan.output_dir, "job", FOLDER_IN_USE):
-        return lead(plan, external, clock, preemption)
+        return run_attempts(plan, external, clock, preemption)
 
 
-def lead(plan: Plan, external: dist.Rank | None, clock: StartupClock, preemption: Preemption) -> float:
+def run_attempts(plan: Plan, external: dist.Rank | None, clock: StartupClock, preemption: Preemption) -> float:
     """The job's MLflow run and its ranks, in the job's folder (held): attempts until one ends."""
     if plan.rerun_of or (plan.resume and plan.resume.folder != plan.job_dir):
         save_job_config(plan.stored, plan.job_dir)  # the artifact says what this run trains

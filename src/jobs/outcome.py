@@ -131,7 +131,7 @@ def closed_failed(run: RunLogger, cfg: Config, plan: Plan, error: BaseException)
     if isinstance(error, Diverged):
         run.set_tags({"status": "diverged"})
         run.finish("FAILED")
-        return gone_on(plan, run, f"training diverged: {error}", "lower optim.lr, set grad_clip, or amp=false")
+        return config_failed(plan, run, f"training diverged: {error}", "lower optim.lr, set grad_clip, or amp=false")
     if oom is None:
         run.finish("FAILED")
         raise error
@@ -143,10 +143,10 @@ def closed_failed(run: RunLogger, cfg: Config, plan: Plan, error: BaseException)
     if retry:
         log.warning("%s: retrying with batch_size=%d accumulate=%d", message, cfg.batch_size // 2, cfg.accumulate * 2)
         return True
-    return gone_on(plan, run, message, "lower batch_size, or set oom_retry=true")
+    return config_failed(plan, run, message, "lower batch_size, or set oom_retry=true")
 
 
-def gone_on(plan: Plan, run: RunLogger, message: str, fix: str) -> bool:
+def config_failed(plan: Plan, run: RunLogger, message: str, fix: str) -> bool:
     """A sweep goes on after a job whose config cannot train (False); a single run stops with one line."""
     if not plan.multirun:
         raise UsageError(f"{message} (run {run.run_id} FAILED): {fix}") from None

@@ -49,7 +49,7 @@ def spread(times: list[float]) -> float:
     return stats.t.ppf(0.975, n - 1) * statistics.stdev(times) / math.sqrt(n) / statistics.mean(times)
 
 
-def enough(times: list[float]) -> bool:
+def timing_done(times: list[float]) -> bool:
     """Whether ``times`` (seconds of the steps timed so far) end the timing."""
     n = len(times)
     return (n >= 2 and sum(times) >= MAX_SECONDS) or (n >= MIN_STEPS and (n >= MAX_STEPS or spread(times) <= TARGET))
@@ -62,7 +62,7 @@ def measure(step: Callable[[], float], threads: int) -> StepTime:
         step()
     machine_start, own_start, start = busy_cpu_seconds(), tree_cpu_seconds(psutil.Process()), time.perf_counter()
     times: list[float] = []
-    while not enough(times):
+    while not timing_done(times):
         times.append(step())
     elapsed = time.perf_counter() - start
     others = max(0.0, (busy_cpu_seconds() - machine_start) - (tree_cpu_seconds(psutil.Process()) - own_start)) / elapsed

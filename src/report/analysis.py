@@ -154,7 +154,7 @@ EFFECT_COLUMNS = [
 DERIVED = {"effective_batch_size": ["batch_size", "accumulate", "world_size"]}  # a param: the params it follows
 
 
-def determined(frame: pd.DataFrame, column: str, by: list[str]) -> bool:
+def implied_by(frame: pd.DataFrame, column: str, by: list[str]) -> bool:
     """Whether ``column`` has one value for each combination of ``by`` (it adds no information to them)."""
     return bool(by) and bool((frame.groupby(by, dropna=False)[column].nunique(dropna=False) <= 1).all())
 
@@ -174,10 +174,10 @@ def swept_columns(params: pd.DataFrame) -> list[str]:
             c.count(".")
             and f"{c.split('.')[0]}.name" in varying
             and not c.endswith(".name")
-            and determined(params, c, [f"{c.split('.')[0]}.name"])
+            and implied_by(params, c, [f"{c.split('.')[0]}.name"])
         )
     ]
-    return [c for c in kept if not determined(params, c, [k for k in DERIVED.get(c, []) if k in params])]
+    return [c for c in kept if not implied_by(params, c, [k for k in DERIVED.get(c, []) if k in params])]
 
 
 def natural_key(value: str) -> tuple:
@@ -190,7 +190,7 @@ def natural_key(value: str) -> tuple:
         return (2, 0.0, [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", value)])
 
 
-def shown(value: str) -> str:
+def as_override(value: str) -> str:
     """A param value as an override spells it (``True`` -> ``true``)."""
     return value.lower() if value in ("False", "True") else value
 
@@ -393,4 +393,4 @@ def verdict_text(effect_row, effect: Effect) -> str:
 
 def comparison(param: str, value: str, baseline: str) -> str:
     """``amp=true vs false``."""
-    return f"{short_name(param)}={shown(value)} vs {shown(baseline)}"
+    return f"{short_name(param)}={as_override(value)} vs {as_override(baseline)}"

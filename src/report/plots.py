@@ -23,9 +23,9 @@ from src.report.analysis import (  # noqa: E402
     MEMORY_EFFECT,
     SPEED_EFFECT,
     THROUGHPUT,
+    as_override,
     comparison,
     short_name,
-    shown,
     verdict_text,
 )
 
@@ -35,7 +35,7 @@ DPI = 150
 
 def config_label(row: pd.Series, keys: list[str]) -> str:
     """``amp=true, batch_size=8`` (one line per key beyond two)."""
-    parts = [f"{short_name(k)}={shown(str(row[k]))}" for k in keys]
+    parts = [f"{short_name(k)}={as_override(str(row[k]))}" for k in keys]
     return (", " if len(parts) <= 2 else "\n").join(parts)
 
 

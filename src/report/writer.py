@@ -33,11 +33,11 @@ from src.report.analysis import (
     STEPS_TIMED,
     THROUGHPUT,
     aggregate,
+    as_override,
     comparison,
     left_out,
     paired_effects,
     pareto_front,
-    shown,
     summarize_effects,
     swept_columns,
     unfit_for_speed,
@@ -101,7 +101,7 @@ def number(metric: str, value: float, like: float | None = None) -> str:
 
 
 def shown_params(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    return frame[keys].apply(lambda column: column.map(shown))
+    return frame[keys].apply(lambda column: column.map(as_override))
 
 
 def precision_shown(runs: pd.DataFrame, keys: list[str]) -> bool:

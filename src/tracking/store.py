@@ -193,7 +193,7 @@ def exclusive_open(uri: str) -> Iterator[None]:
 
 def unusable(uri: str, problem: str, fix: str) -> UsageError:
     """The one line that says which store cannot be used, why, and what to do."""
-    return UsageError(f"mlflow.tracking_uri={shown(uri)} {problem}: {fix}")
+    return UsageError(f"mlflow.tracking_uri={redacted(uri)} {problem}: {fix}")
 
 
 class OneLine(logging.Filter):
@@ -222,7 +222,7 @@ def reason(err: BaseException) -> str:
     return text.strip().splitlines()[0] if text.strip() else type(err).__name__
 
 
-def shown(uri: str) -> str:
+def redacted(uri: str) -> str:
     """``uri`` as messages print it: its password, if any, as ``***``."""
     parts = urllib.parse.urlsplit(uri)
     if parts.password is None:

@@ -218,12 +218,13 @@ def test_one_shape_is_timed_once_and_a_second_dry_run_reuses_it_until_it_expires
 
 def test_a_timing_stops_at_its_target_interval_or_its_caps():
     steady = [0.5] * step_timing.MIN_STEPS
-    assert step_timing.spread(steady) == 0 and step_timing.enough(steady)
-    assert not step_timing.enough(steady[:-1])  # too few for an interval, however close
+    assert step_timing.spread(steady) == 0 and step_timing.timing_done(steady)
+    assert not step_timing.timing_done(steady[:-1])  # too few for an interval, however close
     noisy = [0.5, 0.7] * 2  # the 95% interval of their mean: ±31%
-    assert step_timing.spread(noisy) == pytest.approx(0.3062, abs=1e-4) and not step_timing.enough(noisy)
-    assert not step_timing.enough([5.0]) and step_timing.enough([5.0, 7.0])  # a slow shape: two, once past MAX_SECONDS
-    assert step_timing.enough([0.01, 0.02] * (step_timing.MAX_STEPS // 2))
+    assert step_timing.spread(noisy) == pytest.approx(0.3062, abs=1e-4) and not step_timing.timing_done(noisy)
+    # a slow shape: two steps, once past MAX_SECONDS
+    assert not step_timing.timing_done([5.0]) and step_timing.timing_done([5.0, 7.0])
+    assert step_timing.timing_done([0.01, 0.02] * (step_timing.MAX_STEPS // 2))
 
 
 def test_a_step_time_is_cached_per_shape_and_expires_sooner_when_the_machine_was_busy(tmp_path, monkeypatch):

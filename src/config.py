@@ -98,6 +98,12 @@ class AmpDtype(Enum):
     bfloat16 = "bfloat16"
 
 
+class GpuShare(Enum):
+    auto = "auto"
+    mps = "mps"
+    none = "none"
+
+
 class Device(Enum):
     auto = "auto"
     cpu = "cpu"
@@ -406,6 +412,8 @@ class Config:
     channels_last: bool = False
     cudnn_benchmark: bool = False
     compile: bool = False  # torch.compile the model
+    cuda_graphs: Any = "auto"  # the whole optimizer step as one CUDA graph: auto (where it can run), true, false
+    gpu_share: GpuShare = GpuShare.auto  # jobs sharing a GPU: auto (an MPS daemon where one can start), mps, none
     non_blocking: bool = True  # asynchronous host-to-device copies
     oom_retry: bool = False  # on out-of-memory: rerun with half the micro-batch, twice the accumulation
     log_every: int = 10
@@ -425,6 +433,8 @@ class Config:
                 "batch_size=derived needs effective_batch_size=<n>: batch_size is "
                 "effective_batch_size / (accumulate x ranks)"
             )
+        if not isinstance(self.cuda_graphs, bool) and self.cuda_graphs != "auto":
+            raise ValueError(f"cuda_graphs={self.cuda_graphs} must be auto, true or false")
         if not isinstance(self.skip_finished, bool) and self.skip_finished != "config":
             raise ValueError(f"skip_finished={self.skip_finished} must be true, false or config")
         if self.objective not in OBJECTIVES:

@@ -1,4 +1,5 @@
-"""A config against this machine: device, compute dtype, parallel settings, registered model, split sizes.
+"""A config against this machine: device, compute dtype, parallel settings, CUDA graphs, registered model, split
+sizes.
 
 Training and the memory predictor resolve through here; every check raises :class:`UsageError` before any
 work starts.
@@ -9,7 +10,7 @@ from __future__ import annotations
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from src.config import AmpDtype, Backend, Config, Device, ParallelMode
+from src.config import AmpDtype, Backend, Config, Device, OptimName, ParallelMode
 from src.data import split_sizes
 from src.errors import UsageError
 from src.models import check_model
@@ -25,6 +26,7 @@ def validate(cfg: DictConfig) -> tuple[Config, torch.device]:
     device = resolve_device(typed)
     resolve_amp_dtype(typed, device)
     check_parallel(typed, device)
+    resolve_cuda_graphs(typed, device)
     return typed, device
 
 
@@ -63,6 +65,35 @@ def resolve_amp_dtype(cfg: Config, device: torch.device) -> torch.dtype:
     if cfg.amp_dtype is AmpDtype.float16 and device.type != "cuda":
         raise UsageError("amp_dtype=float16 needs a CUDA device (this run is on cpu): use amp_dtype=bfloat16 or auto")
     return getattr(torch, cfg.amp_dtype.value)
+
+
+def resolve_cuda_graphs(cfg: Config, device: torch.device) -> tuple[bool, str]:
+    """Whether each optimizer step replays as one CUDA graph, and if not, why. ``auto``: where nothing in the step
+    stops a capture; ``true``: there, or a :class:`UsageError`; ``false``: never."""
+    if cfg.cuda_graphs is False:
+        return False, "cuda_graphs=false"
+    blocker = graph_blocker(cfg, device)
+    if blocker is None:
+        return True, ""
+    if cfg.cuda_graphs is True:
+        raise UsageError(f"cuda_graphs=true cannot run here: {blocker}; use cuda_graphs=auto or false")
+    return False, blocker
+
+
+def graph_blocker(cfg: Config, device: torch.device) -> str | None:
+    """What in the config keeps its step from being captured: the first found, or None."""
+    if device.type != "cuda":
+        return f"CUDA graphs need a CUDA device (this run is on {device.type})"
+    blockers = {
+        "compile=true (torch.compile captures graphs of its own)": cfg.compile,
+        "parallel=dp (a thread per GPU)": cfg.parallel.mode is ParallelMode.dp,
+        "parallel=ddp (capture with DDP is not measured yet)": cfg.parallel.mode is ParallelMode.ddp,
+        "float16 autocast (its GradScaler checks for inf on the host each step)": cfg.amp
+        and resolve_amp_dtype(cfg, device) == torch.float16,
+        "optim=sgd (captured only with adam and adamw yet)": cfg.optim.name is OptimName.sgd,
+        "model.checkpointing (recomputation under capture is not measured yet)": cfg.model.checkpointing,
+    }
+    return next((blocker for blocker, found in blockers.items() if found), None)
 
 
 def ddp_backend(cfg: Config, device: torch.device) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 
 import mlflow
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,6 +66,22 @@ def compose_config(*overrides: str):
     """The real Hydra composition of ``conf/config.yaml`` with ``overrides``."""
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         return compose("config", overrides=list(overrides))
+
+
+def graph_on_cpu(trainer: Any) -> Any:
+    """``trainer`` stepping through its :class:`GraphedStep` on the CPU, where no CUDA graph runs: a stand-in capture
+    records the step and each replay runs it again on the static tensors, into the output tensor it returned. It
+    tests what a graphed trainer does around the graph (static batches, warm-up, running sums, learning-rate tensors
+    the schedule fills, the EMA's count, resume); the real capture runs in the ``gpu`` tests."""
+
+    def capture(run: Any) -> tuple[Any, Any]:
+        trainer.captures += 1
+        loss = torch.zeros((), device=trainer.device)
+        return lambda: loss.copy_(run()), loss
+
+    trainer.captures = 0
+    trainer.graph_steps(warm=lambda run: run(), capture=capture)
+    return trainer
 
 
 def run_cli(*args: str, module: str = "src.train", timeout: int = 900, cwd: Path = ROOT) -> subprocess.CompletedProcess:

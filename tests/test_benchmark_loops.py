@@ -7,8 +7,12 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
+from src.training.step_graph import WARMUP_STEPS
 from tests.helpers import run_process
+
+GRAPH_WARMUP = WARMUP_STEPS + 1  # the benchmark's: the graphed step's eager steps and the capture
 
 
 def train_loops(*args: str) -> subprocess.CompletedProcess:
@@ -48,8 +52,38 @@ def test_monai_densenet_at_28_is_skipped_with_the_reason(shared_data):
 
 @pytest.mark.parametrize(
     "argv,message",
-    [(["--variants", "plain,tutorial"], "tutorial"), (["--steps", "0"], "--steps"), (["--warmup", "-1"], "--warmup")],
+    [
+        (["--variants", "plain,tutorial"], "tutorial"),
+        (["--variants", "medsweep-graphed"], "unknown on cpu: medsweep-graphed"),
+        (["--steps", "0"], "--steps"),
+        (["--warmup", "-1"], "--warmup"),
+    ],
 )
 def test_bad_arguments_are_refused(argv, message):
     result = train_loops(*argv)
     assert result.returncode == 2 and message in result.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is visible here")
+def test_cuda_without_a_device_is_one_error_line():
+    result = train_loops("--device", "cuda")
+    assert result.returncode == 2
+    error = f"error: --device cuda: torch {torch.__version__} sees no CUDA device"
+    assert result.stderr.strip().splitlines() == [error]
+
+
+@pytest.mark.gpu
+def test_cuda_table_has_eager_and_graphed_medsweep_after_a_warmup_covering_the_capture(shared_data):
+    tiny = "--device cuda --model resnet10 --size 28 --batch 2 --steps 2 --warmup 1 --repeats 2 --threads 1"
+    variants = "plain,medsweep-eager,medsweep-graphed"
+    result = train_loops(*tiny.split(), "--variants", variants, "--data-root", str(shared_data))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert re.search(r"torch \S+ \(CUDA \S+, cuDNN \d+\).*; GPU: \S.*; 1 threads \(host side\); CPU: \S", out)
+    assert f"per round {GRAPH_WARMUP} warm-up + 2 timed steps" in out
+    assert f"(--warmup 1 raised to {GRAPH_WARMUP}: the graphed step's eager steps and its capture)" in out
+    assert "medsweep overrides: amp=true" in out
+    rows = [line for line in out.splitlines() if line.startswith("| ")][2:]
+    cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
+    assert [c[0] for c in cells] == ["plain", "medsweep-eager", "medsweep-graphed"]
+    assert all(float(c[5]) > 0 and float(c[7]) > 0 for c in cells)  # samples/s; peak memory grew on the GPU

@@ -39,6 +39,8 @@ CASES = {  # name: (module, overrides as one string); {tmp}, {store} and {data} 
     "empty experiment": ("src.train", "mlflow.experiment="),
     "cyclic with warm-up": ("src.train", "sched=cyclic warmup_epochs=1"),
     "zero epochs": ("src.train", "epochs=0"),
+    "CUDA graphs required on the CPU": ("src.train", "cuda_graphs=true"),
+    "CUDA graphs maybe": ("src.train", "cuda_graphs=maybe"),
     "size 32": ("src.train", "data.size=32"),
     "classes that do not fit": ("src.train", "data.num_classes=3"),
     "a tag that is not a name": ("src.train", "tags=[bad tag]"),

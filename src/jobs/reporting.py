@@ -13,6 +13,7 @@ import torch
 from src.data import class_names, npz_path, to_input
 from src.jobs import resume
 from src.parallel.launch import METRICS_FILE
+from src.parallel.mps import run_tags
 from src.perf.flop_cache import counted_flops
 from src.perf.memory_cache import predicted_memory_metrics
 from src.perf.startup import StartupClock
@@ -58,6 +59,15 @@ class Reporter:
         """Training and the test are done."""
 
 
+def graph_tags(trainer: Trainer) -> dict[str, str]:
+    """``cuda_graphs``: whether the run's steps replay as one CUDA graph; if not, why (logged on CUDA)."""
+    if trainer.step_graph is not None:
+        return {"cuda_graphs": "true"}
+    if trainer.device.type == "cuda":
+        log.info("cuda_graphs: eager steps, %s", trainer.eager_because)
+    return {"cuda_graphs": "false", "cuda_graphs.eager_because": trainer.eager_because}
+
+
 class MainReporter(Reporter):
     """The main rank's reporting: the run's tags, dataset inputs, start-up, epoch and test metrics (the tested
     weights as an MLflow model with ``mlflow.log_model``); then the evaluation artifacts, ``best.pt`` and
@@ -78,7 +88,8 @@ class MainReporter(Reporter):
                 "training in float32 (amp_dtype=bfloat16 forces it)"
             )
         self.run = RunLogger(ensure_store(self.job.tracking_uri), self.job.run_id)
-        tags = {"amp.dtype": amp_dtype, "mem.source": trainer.memory.source, "device": str(self.device)}
+        tags = {"amp.dtype": amp_dtype, "mem.source": trainer.memory.source, "device": str(self.device), **run_tags()}
+        tags |= graph_tags(trainer)
         self.run.set_tags({**tags, "num_threads": str(threads), **self.mfu.tags()})
         self.mfu.on_new_peak = lambda peak: self.run.set_tags(self.mfu.tags())
         self.trainer, self.splits = trainer, splits

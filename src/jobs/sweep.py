@@ -1,10 +1,11 @@
 """A sweep (``-m``) from its main process and from its jobs.
 
 The main process (:class:`Sweep`, a Hydra callback) checks every job before the first starts, makes their data ready,
-holds the sweep folder, opens the parent run, takes the stop signals (passing them on to the jobs) and ends the
-command: exit 0, ``128 + signal`` after a stop signal, or the one ``error:`` line of a failed job. A job
-(:func:`in_sweep`) never raises to the launcher (joblib would kill the jobs running beside it): a stop signal or a
-failure writes the sweep's stop record, after which no job starts, and running ones end as they would.
+holds the sweep folder, starts an MPS daemon where its jobs share a GPU (:mod:`src.parallel.mps`), opens the parent
+run, takes the stop signals (passing them on to the jobs) and ends the command: exit 0, ``128 + signal`` after a stop
+signal, or the one ``error:`` line of a failed job. A job (:func:`in_sweep`) never raises to the launcher (joblib
+would kill the jobs running beside it): a stop signal or a failure writes the sweep's stop record, after which no job
+starts, and running ones end as they would.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from omegaconf import DictConfig
 from src.errors import UsageError
 from src.folders import held
 from src.jobs.sweep_checks import check_jobs
+from src.parallel import mps
 from src.parallel.preemption import PreemptedExit, Preemption, SignalWatcher, exit_code, requeue_signal
 from src.schema_check import check_known_keys
 from src.tracking.identity import run_name
@@ -38,6 +40,7 @@ from src.tracking.sweep import close_parent, fail_parent_run, open_parent
 log = logging.getLogger(__name__)
 
 STOP_FILE = ".stop"  # in the sweep folder: why no job starts any more
+MPS_DIR = ".mps"  # in the sweep folder: the pipes and log of an MPS daemon started for the sweep (gpu_share)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,10 +123,13 @@ class Sweep(Callback):
             check_known_keys(config, config.hydra.overrides.task)
             check_store(uri)
             check_jobs(config, dry=config.dry_run)
+            sharing = mps.sweep_sharing(config)
             if config.dry_run:
                 return
+            atexit.register(self.held.close)  # an exit before the parent run opens lets the folder and MPS go too
             self.held.enter_context(held(sweep_dir, "sweep", "wait for it to end, or give this one hydra.sweep.dir"))
             client = ensure_store(uri)
+            self.held.enter_context(mps.shared(sharing, sweep_dir / MPS_DIR))
         except UsageError as err:
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)

@@ -76,11 +76,17 @@ def job_gpus(hydra_cfg: DictConfig, device: torch.device) -> Iterator[tuple[int,
     """This job's GPUs (none when it runs on the CPU): all visible ones, or, under a launcher running ``n_jobs`` jobs
     at once on this machine, its own share, held through a slot lock for the job's lifetime."""
     count = torch.cuda.device_count() if device.type == "cuda" else 0
-    n_jobs = OmegaConf.select(hydra_cfg, "launcher.n_jobs", default=1) if hydra_cfg.mode is RunMode.MULTIRUN else 1
-    n_jobs = count if n_jobs == -1 else n_jobs  # joblib's -1: as many jobs as CPUs; here at most one per GPU
+    n_jobs = jobs_at_once(hydra_cfg, count)
     if not count or n_jobs <= 1:
         yield tuple(range(count))
         return
     per_job = max(1, count // n_jobs)
     with dist.gpu_slot(Path(hydra_cfg.sweep.dir), n_jobs) as slot:
         yield tuple((slot * per_job + i) % count for i in range(per_job))
+
+
+def jobs_at_once(hydra_cfg: DictConfig, gpus: int) -> int:
+    """How many jobs run at once on this machine: a sweep's launcher's ``n_jobs`` (joblib's -1, as many jobs as CPUs,
+    taken as at most one per GPU), else 1."""
+    n_jobs = OmegaConf.select(hydra_cfg, "launcher.n_jobs", default=1) if hydra_cfg.mode is RunMode.MULTIRUN else 1
+    return gpus if n_jobs == -1 else n_jobs

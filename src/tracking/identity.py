@@ -26,8 +26,9 @@ NOT_HASHED = (
     "objective",
     "tags",
     "dry_run",
+    "gpu_share",
 )  # how a job is started and what it returns
-ADDED = {  # keys added 2026-11-24, at the values that train as runs logged before them did: their hashes stay
+ADDED = {  # keys added from 2026-11-24, at the values that train as runs logged before them did: their hashes stay
     "select_by": "val_auc",
     "data.labels": "None",
     "data.classes": "None",
@@ -37,6 +38,7 @@ ADDED = {  # keys added 2026-11-24, at the values that train as runs logged befo
     "data.intensity": "minmax",
     "data.window_level": "40.0",
     "data.window_width": "400.0",
+    "cuda_graphs": "auto",  # 2026-11-25: CPU runs train as before; on CUDA the code fingerprint changed with it
 }
 NOT_NAMED = (*NOT_HASHED, "hydra.", "hydra/")  # run names leave out Hydra's own settings too
 NAME_LIMIT = 160  # characters (MLflow keeps 250); a longer name is cut and ends with the hash

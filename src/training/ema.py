@@ -16,7 +16,7 @@ def _tensors(model: nn.Module) -> list[torch.Tensor]:
 
 
 class WeightEMA:
-    """``decay x average + (1 - decay) x weights`` after each :meth:`update`, from the first update's weights; float
+    """``decay x average + (1 - decay) x weights`` at each :meth:`update`, from the first update's weights; float
     buffers (BatchNorm statistics) are averaged, integer ones copied. torch's ``AveragedModel`` does the same but
     copies its step counter to the device at every update, a blocking copy on CUDA; the counter here is a Python int."""
 
@@ -26,6 +26,8 @@ class WeightEMA:
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
+        """Blend ``model`` in (copy it at the first update): device work only, so a CUDA graph can replay it; the
+        caller counts the update with :meth:`count` after it ran."""
         mine, theirs = _tensors(self.module), _tensors(model)
         averaged = [bool(self.updates) and t.is_floating_point() for t in mine]
         copied = [not a for a in averaged]
@@ -33,6 +35,8 @@ class WeightEMA:
             torch._foreach_lerp_(list(compress(mine, averaged)), list(compress(theirs, averaged)), 1 - self.decay)
         if any(copied):
             torch._foreach_copy_(list(compress(mine, copied)), list(compress(theirs, copied)))
+
+    def count(self) -> None:
         self.updates += 1
 
     def state_dict(self) -> dict[str, torch.Tensor]:

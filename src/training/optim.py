@@ -19,10 +19,11 @@ class Precision:
     scaler: torch.amp.GradScaler
 
     @classmethod
-    def build(cls, enabled: bool, dtype: torch.dtype, device: torch.device) -> Precision:
+    def build(cls, enabled: bool, dtype: torch.dtype, device: torch.device, cache_enabled: bool = True) -> Precision:
+        """``cache_enabled=False`` for a step captured in a CUDA graph (PyTorch's rule: no autocast weight cache)."""
         enabled = enabled and dtype != torch.float32
         return cls(
-            lambda: torch.autocast(device.type, dtype=dtype, enabled=enabled),
+            lambda: torch.autocast(device.type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled),
             torch.amp.GradScaler(device.type, enabled=enabled and dtype == torch.float16),
         )
 
@@ -73,6 +74,16 @@ def epoch_schedule(
             cycle_momentum="momentum" in optimizer.defaults,
         ), True
     return None, False
+
+
+def make_capturable(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Ready ``optimizer`` for a CUDA graph: each group's learning rate a device tensor that schedules fill in place
+    (a captured step reads the current one, never a value baked in at capture), and on CUDA ``capturable`` (the step
+    count on the device). Again after each ``load_state_dict``, which replaces both."""
+    for group in optimizer.param_groups:
+        group["lr"] = torch.tensor(float(group["lr"]), device=device)
+        if device.type == "cuda":
+            group["capturable"] = True
 
 
 def class_weights(labels: torch.Tensor, num_classes: int) -> torch.Tensor:

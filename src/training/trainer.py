@@ -11,7 +11,7 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -26,14 +26,15 @@ from src.config import Config
 from src.data import to_input, train_labels
 from src.parallel.dist import Rank, all_reduce, gather
 from src.parallel.preemption import Preempted, Preemption
-from src.resolve import resolve_amp_dtype
+from src.resolve import resolve_amp_dtype, resolve_cuda_graphs
 from src.training import checkpoint
 from src.training.augment import Augment, step_generator
 from src.training.ema import WeightEMA
 from src.training.meters import MemoryMonitor, OtherLoad, ThroughputMeter, is_contended
 from src.training.metrics import clinical_metrics, medmnist_metrics
-from src.training.optim import Precision, build_optimizer, build_scheduler, class_weights
+from src.training.optim import Precision, build_optimizer, build_scheduler, class_weights, make_capturable
 from src.training.selection import Selection
+from src.training.step_graph import Batch, GraphedStep
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ class Trainer:
         self.memory_peak: dict[str, float] = {}  # the run's peak memory before this epoch, over ranks and processes
         self.elapsed_s, self._start = 0.0, time.perf_counter()
         self.memory_format = torch.channels_last_3d if cfg.channels_last else torch.contiguous_format
-        self.precision = Precision.build(cfg.amp, resolve_amp_dtype(cfg, device), device)
+        self.precision = self._precision(cache_enabled=True)
         self.optimizer = build_optimizer(cfg.optim, model.parameters())
         self.steps_per_epoch = steps_per_epoch(cfg, len(loaders["train"]))
         self.scheduler, self.sched_per_step = build_scheduler(
@@ -113,6 +114,22 @@ class Trainer:
         self.meter = ThroughputMeter(device, load=OtherLoad.for_device(device, ranks_on_node))
         self.timed: list[dict[str, float]] = []  # each epoch's samples/s, steps timed and other processes' load
         self.memory = MemoryMonitor(device)
+        self.loss_sum = torch.zeros((), dtype=torch.float32, device=device)  # this epoch's so far, on this rank
+        self.correct = torch.zeros((), dtype=torch.long, device=device)
+        graphed, self.eager_because = resolve_cuda_graphs(cfg, device)
+        self.step_graph: GraphedStep | None = None
+        if graphed:
+            self.graph_steps()
+
+    def graph_steps(self, **capture: Any) -> None:
+        """Replay each optimizer step as one CUDA graph (:class:`GraphedStep`; ``capture`` replaces its warm-up and
+        capture, as the CPU tests do)."""
+        make_capturable(self.optimizer, self.device)
+        self.precision = self._precision(cache_enabled=False)
+        self.step_graph = GraphedStep(self._step_body, **capture)
+
+    def _precision(self, cache_enabled: bool) -> Precision:
+        return Precision.build(self.cfg.amp, resolve_amp_dtype(self.cfg, self.device), self.device, cache_enabled)
 
     def _batch(
         self, batch: tuple[torch.Tensor, torch.Tensor], generator: torch.Generator | None = None
@@ -150,6 +167,21 @@ class Trainer:
 
     def optimizer_step(self) -> None:
         """After the micro-steps: unscale and clip, step, zero the gradients, update the EMA and a per-step schedule."""
+        self._update()
+        self._count_step()
+
+    def _step_body(self, batches: Iterable[Batch]) -> torch.Tensor:
+        """One optimizer step's device work on its micro-batches (fetched as iterated): forward and backward each, add
+        to the running sums, update. Returns the last micro-batch's loss."""
+        last = self.cfg.accumulate - 1
+        for micro, (images, labels) in enumerate(batches):
+            loss, hits = self.micro_step(images, labels, sync=micro == last)
+            self.loss_sum += loss
+            self.correct += hits
+        self._update()
+        return loss
+
+    def _update(self) -> None:
         scaler = self.precision.scaler
         if self.cfg.grad_clip is not None:
             scaler.unscale_(self.optimizer)
@@ -159,6 +191,12 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.ema is not None:
             self.ema.update(self.raw_model)
+
+    def _count_step(self) -> None:
+        """The host's part of an optimizer step: the EMA's count, a per-step schedule (filling a graphed step's
+        learning-rate tensor)."""
+        if self.ema is not None:
+            self.ema.count()
         if self.sched_per_step:
             self.scheduler.step()
 
@@ -170,8 +208,8 @@ class Trainer:
         loader.sampler.set_epoch(epoch)
         batches = itertools.islice(iter(loader), first * cfg.accumulate, None)
         running = self.running or {"loss": [0.0] * self.rank.world, "correct": [0] * self.rank.world}
-        loss_sum = torch.tensor(running["loss"][self.rank.rank], dtype=torch.float32, device=self.device)
-        correct = torch.tensor(int(running["correct"][self.rank.rank]), dtype=torch.long, device=self.device)
+        self.loss_sum.fill_(running["loss"][self.rank.rank])
+        self.correct.fill_(int(running["correct"][self.rank.rank]))
         samples_per_step = cfg.batch_size * cfg.accumulate
         self.meter.start_epoch(self.steps_per_epoch - first)
         bar = tqdm(
@@ -179,15 +217,12 @@ class Trainer:
         )
         for step in bar:
             if self._stop_requested(step):
-                self._preempt(epoch, step, loss_sum, correct)
-            for micro in range(cfg.accumulate):
-                waited = time.perf_counter()  # fetching, converting and augmenting the batch
-                images, labels = self.train_batch(next(batches), epoch, step * cfg.accumulate + micro)
-                self.meter.data_wait(time.perf_counter() - waited)
-                loss, hits = self.micro_step(images, labels, sync=micro == cfg.accumulate - 1)
-                loss_sum += loss
-                correct += hits
-            self.optimizer_step()
+                self._preempt(epoch, step)
+            micro_batches = (
+                self._fetch(next(batches), epoch, step * cfg.accumulate + micro) for micro in range(cfg.accumulate)
+            )
+            loss = self._step_body(micro_batches) if self.step_graph is None else self.step_graph(list(micro_batches))
+            self._count_step()
             self.meter.step_done(samples_per_step)
             for hook in self.hooks.after_step:
                 hook(epoch * self.steps_per_epoch + step + 1)
@@ -199,7 +234,14 @@ class Trainer:
         if self.scheduler is not None and not self.sched_per_step:
             self.scheduler.step()
         self.step, self.running = 0, None
-        return self._epoch_metrics(loss_sum, correct)
+        return self._epoch_metrics()
+
+    def _fetch(self, batch: tuple[torch.Tensor, torch.Tensor], epoch: int, micro_step: int) -> Batch:
+        """:meth:`train_batch`, its time counted as waiting for data (fetching, converting, augmenting)."""
+        waited = time.perf_counter()
+        images_labels = self.train_batch(batch, epoch, micro_step)
+        self.meter.data_wait(time.perf_counter() - waited)
+        return images_labels
 
     def _stop_requested(self, step: int) -> bool:
         """Whether to stop before ``step``. One process: its signal flag, a Python bool (no device sync).
@@ -212,24 +254,27 @@ class Trainer:
         flag = torch.tensor(float(self.hooks.preemption.requested), device=self.device)
         return bool(all_reduce({"stop": flag}, dist.ReduceOp.MAX)["stop"].item())
 
-    def _preempt(self, epoch: int, step: int, loss_sum: torch.Tensor, correct: torch.Tensor) -> NoReturn:
+    def _preempt(self, epoch: int, step: int) -> NoReturn:
         """Checkpoint the exact position (every rank's running sums gathered to the main rank), then stop."""
         self.epoch, self.step = epoch, step
-        self.running = {"loss": gather(loss_sum.item(), self.device), "correct": gather(correct.item(), self.device)}
+        self.running = {
+            "loss": gather(self.loss_sum.item(), self.device),
+            "correct": gather(self.correct.item(), self.device),
+        }
         self._save()
         raise Preempted(
             f"stopped at epoch {epoch + 1} step {step}/{self.steps_per_epoch}"
             + (f", checkpoint {self.hooks.checkpoint_to}" if self.hooks.checkpoint_to else "")
         )
 
-    def _epoch_metrics(self, loss_sum: torch.Tensor, correct: torch.Tensor) -> dict[str, float]:
+    def _epoch_metrics(self) -> dict[str, float]:
         """Training metrics over all ranks: mean loss and accuracy, summed throughput, slowest step, max memory."""
         micro_steps = self.steps_per_epoch * self.cfg.accumulate * self.rank.world
         perf, memory = self.meter.end_epoch(), self.memory.peak()
         sums = all_reduce(
             {
-                "loss": loss_sum,
-                "correct": correct.double(),
+                "loss": self.loss_sum.clone(),
+                "correct": self.correct.double(),
                 "perf/samples_per_s": torch.tensor(perf["perf/samples_per_s"], device=self.device),
             },
             dist.ReduceOp.SUM,
@@ -399,6 +444,9 @@ class Trainer:
         """Continue from :meth:`state_dict` (every rank loads the main rank's checkpoint)."""
         self.raw_model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.step_graph is not None:  # new state tensors, learning rates as floats: capture them anew
+            make_capturable(self.optimizer, self.device)
+            self.step_graph.reset()
         self.precision.scaler.load_state_dict(state["scaler"])
         if self.scheduler is not None:
             self.scheduler.load_state_dict(state["scheduler"])

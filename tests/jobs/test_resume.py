@@ -28,7 +28,7 @@ from src.tracking.store import ensure_store
 from src.training import checkpoint
 from src.training.faults import fault_hooks
 from src.training.trainer import Hooks, Trainer
-from tests.helpers import RESULTS, ROOT, compose_config, history, kill_group, run_cli, runs, small_run
+from tests.helpers import RESULTS, ROOT, compose_config, graph_on_cpu, history, kill_group, run_cli, runs, small_run
 
 EPOCHS = 4
 RUN = (f"epochs={EPOCHS}", "skip_finished=false", "checkpoint.keep=always")  # train again; compare checkpoints
@@ -123,7 +123,10 @@ def bn_net() -> nn.Module:
 
 
 def trainer(shared_data, folder: Path, *overrides: str, preemption: Preemption | None = None) -> Trainer:
-    """Cyclic LR (stepped per optimizer step) and accumulation: the state a mid-epoch stop must keep."""
+    """Cyclic LR (stepped per optimizer step) and accumulation: the state a mid-epoch stop must keep. The override
+    ``graphed`` steps through the CUDA-graph path with its CPU stand-in (:func:`tests.helpers.graph_on_cpu`)."""
+    graphed = "graphed" in overrides
+    overrides = tuple(o for o in overrides if o != "graphed")
     cfg = OmegaConf.to_object(
         compose_config(
             "data=adrenalmnist3d",
@@ -149,10 +152,11 @@ def trainer(shared_data, folder: Path, *overrides: str, preemption: Preemption |
         preemption=preemption or Preemption(),
         after_step=fault_hooks(cfg, Rank()),
     )
-    return Trainer(cfg, bn_net(), loaders, cpu, Rank(), hooks)
+    made = Trainer(cfg, bn_net(), loaders, cpu, Rank(), hooks)
+    return graph_on_cpu(made) if graphed else made
 
 
-@pytest.mark.parametrize("switch", ["aug=none", "aug=standard", "ema_decay=0.9"])
+@pytest.mark.parametrize("switch", ["aug=none", "aug=standard", "ema_decay=0.9", "graphed"])
 def test_a_trainer_stopped_by_sigterm_mid_epoch_resumes_bitwise(tmp_path, shared_data, switch):
     logged = {"whole": [], "parts": []}
     whole = trainer(shared_data, tmp_path / "whole", switch)

@@ -67,6 +67,9 @@ def test_the_readme_sweep_logs_a_parent_and_two_finished_children(tmp_path, stor
         assert params["data.name"] == "adrenalmnist3d" and params["optim.name"] == "adam"
         assert {"config_hash", "git_commit", "torch_version", "cuda_version", "host", "overrides"} <= set(tags)
         assert tags["mem.source"] == "cpu_rss_peak_growth"
+        assert tags["cuda_graphs"] == "false" and tags["cuda_graphs.eager_because"].startswith(
+            "CUDA graphs need a CUDA"
+        )
         artifacts = {a.path for a in mlflow.MlflowClient(store).list_artifacts(run.info.run_id)}
         assert {".hydra", "metrics.json", "eval"} <= artifacts
         evaluated = {a.path for a in mlflow.MlflowClient(store).list_artifacts(run.info.run_id, "eval")}

@@ -1,21 +1,114 @@
-"""On a CUDA device (marker ``gpu``, skipped without one): the precision ``amp_dtype=auto`` picks there."""
+"""On a CUDA device (marker ``gpu``, skipped without one): the precision ``amp_dtype=auto`` picks there, and the
+optimizer step replayed as one CUDA graph (``cuda_graphs``): equal to the eager step, no host sync inside, resumed
+bitwise."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
+from src.parallel.preemption import Preempted, Preemption
+from src.parallel.ranks import seed_everything
 from src.resolve import resolve_amp_dtype
+from src.training import checkpoint
+from src.training.build import build_trainer
 from src.training.optim import Precision
+from src.training.step_graph import WARMUP_STEPS
+from src.training.trainer import Hooks, Trainer
 from tests.helpers import compose_config
 
 pytestmark = pytest.mark.gpu
+CUDA = torch.device("cuda")
+
+
+@pytest.fixture(autouse=True)
+def nondeterministic_after():
+    yield
+    torch.use_deterministic_algorithms(False)
+    torch.backends.cudnn.deterministic = False
+
+
+def cuda_trainer(shared_data: Path, *overrides: str, hooks: Hooks | None = None) -> Trainer:
+    cfg = OmegaConf.to_object(
+        compose_config(
+            "data=adrenalmnist3d",
+            f"data.root={shared_data}",
+            "data.download=false",
+            "device=cuda",
+            "model=resnet10",
+            "batch_size=8",
+            "limit_batches=8",
+            "epochs=2",
+            *overrides,
+        )
+    )
+    seed_everything(cfg)
+    return build_trainer(cfg, CUDA, hooks=hooks)
 
 
 def test_amp_auto_is_bfloat16_without_a_scaler_where_the_gpu_computes_it_natively():
     cfg = OmegaConf.to_object(compose_config("amp=true"))
-    device = torch.device("cuda")
-    dtype = resolve_amp_dtype(cfg, device)
-    assert dtype == (torch.bfloat16 if torch.cuda.get_device_capability(device)[0] >= 8 else torch.float16)
-    assert Precision.build(True, dtype, device).scaler.is_enabled() == (dtype == torch.float16)
+    dtype = resolve_amp_dtype(cfg, CUDA)
+    assert dtype == (torch.bfloat16 if torch.cuda.get_device_capability(CUDA)[0] >= 8 else torch.float16)
+    assert Precision.build(True, dtype, CUDA).scaler.is_enabled() == (dtype == torch.float16)
+
+
+@pytest.mark.parametrize("switches", [(), ("accumulate=2", "ema_decay=0.9", "grad_clip=1", "sched=cyclic")])
+def test_graphed_float32_steps_equal_the_eager_ones(shared_data, switches):
+    eager = cuda_trainer(shared_data, "cuda_graphs=false", *switches)
+    graphed = cuda_trainer(shared_data, "cuda_graphs=true", *switches)
+    assert eager.step_graph is None and graphed.step_graph is not None
+    for epoch in range(2):
+        expected, got = eager.train_epoch(epoch), graphed.train_epoch(epoch)
+        assert got["train/loss"] == pytest.approx(expected["train/loss"], rel=1e-5)
+    assert graphed.step_graph.replay is not None
+    for name, value in eager.evaluated.state_dict().items():
+        torch.testing.assert_close(graphed.evaluated.state_dict()[name], value, rtol=1e-4, atol=1e-5)
+
+
+def test_a_graphed_step_makes_no_host_sync(shared_data):
+    trainer = cuda_trainer(shared_data, "amp=true", "ema_decay=0.9", "sched=cyclic")
+    trainer.model.train()
+    batch = trainer.train_batch(next(iter(trainer.loaders["train"])), 0, 0)
+    for _ in range(WARMUP_STEPS + 1):  # the warm-up steps, then the capture and its first replay
+        trainer.step_graph([batch])
+        trainer._count_step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            trainer.step_graph([batch])
+            trainer._count_step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(trainer.step_graph.loss).item()
+
+
+def test_auto_graphs_the_default_bf16_run_and_it_trains(shared_data):
+    trainer = cuda_trainer(shared_data, "amp=true")
+    assert trainer.step_graph is not None and trainer.eager_because == ""
+    losses = [trainer.train_epoch(epoch)["train/loss"] for epoch in range(2)]
+    assert all(loss == loss for loss in losses)  # not NaN
+
+
+def test_a_graphed_run_stopped_mid_epoch_resumes_bitwise(tmp_path, shared_data):
+    """A real SIGTERM after step 6 of 12 (``fault.term_step``); deterministic kernels, so bitwise is checkable."""
+    run = ("cuda_graphs=true", "deterministic=true", "accumulate=2", "sched=cyclic", "ema_decay=0.9", "epochs=3")
+    whole = cuda_trainer(shared_data, *run, hooks=Hooks(checkpoint_to=tmp_path / "whole" / checkpoint.FILE))
+    whole.fit(lambda metrics, step: None)
+    parts, preemption = tmp_path / "parts" / checkpoint.FILE, Preemption()
+    stopped = cuda_trainer(
+        shared_data, *run, "fault.term_step=6", hooks=Hooks(checkpoint_to=parts, preemption=preemption)
+    )
+    with preemption.installed(), pytest.raises(Preempted, match="stopped at epoch 2 step 2/4"):
+        stopped.fit(lambda metrics, step: None)
+    resumed = cuda_trainer(shared_data, *run, hooks=Hooks(checkpoint_to=parts))
+    resumed.load_state_dict(torch.load(parts, weights_only=True))
+    resumed.fit(lambda metrics, step: None)
+    expected, got = (torch.load(path, weights_only=True) for path in (tmp_path / "whole" / checkpoint.FILE, parts))
+    for part in ("model", "ema"):
+        for name, value in expected[part].items():
+            assert torch.equal(got[part][name], value), (part, name)

@@ -29,9 +29,11 @@ def test_table_has_one_row_per_variant_and_a_ratio(shared_data):
     rows = [line for line in out.splitlines() if line.startswith("| ")]
     rows, profile = rows[:3], rows[3:]
     assert profile[0] == "| op | plain: calls, self ms | medsweep: calls, self ms |"
-    assert [row.split(" | ")[0] for row in profile[1:3]] == ["| total", "| aten::convolution_backward"]
+    ops = [row.split(" | ")[0] for row in profile[1:]]
+    assert ops[0] == "| total" and "| aten::convolution_backward" in ops  # the order of the 4 varies with the load
     assert len(profile) == 6  # header, total and the 4 costliest ops
-    plain_conv, medsweep_conv = profile[2].strip("| ").split(" | ")[1:]
+    conv = profile[1 + ops.index("| aten::convolution_backward")]
+    plain_conv, medsweep_conv = conv.strip("| ").split(" | ")[1:]
     assert plain_conv.split(",")[0] == medsweep_conv.split(",")[0]  # the same model: as many conv backwards
     assert rows[0] == ("| variant | model | size | stem | batch | samples/s | step ms | peak MiB | speed-up vs plain |")
     cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows[1:]]

@@ -21,7 +21,7 @@ def seed_everything(cfg: Config, ranks_on_node: int = 1) -> int:
     torch.manual_seed(cfg.seed)
     if cfg.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
+        torch.use_deterministic_algorithms(True, warn_only=True)  # CUDA: pooling backward has no deterministic kernel
     torch.backends.cudnn.deterministic = cfg.deterministic
     torch.backends.cudnn.benchmark = cfg.cudnn_benchmark and not cfg.deterministic
     return threads

@@ -4,17 +4,22 @@ bitwise."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
 from omegaconf import OmegaConf
+from torch import nn
 
+from src.data import load_splits, make_loader
+from src.parallel.dist import Rank
 from src.parallel.preemption import Preempted, Preemption
 from src.parallel.ranks import seed_everything
 from src.resolve import resolve_amp_dtype
 from src.training import checkpoint
 from src.training.build import build_trainer
+from src.training.faults import fault_hooks
 from src.training.optim import Precision
 from src.training.step_graph import WARMUP_STEPS
 from src.training.trainer import Hooks, Trainer
@@ -94,21 +99,67 @@ def test_auto_graphs_the_default_bf16_run_and_it_trains(shared_data):
     assert all(loss == loss for loss in losses)  # not NaN
 
 
+def deterministic_net() -> nn.Module:
+    """The zoo's max-pool and adaptive-pool backward have no deterministic CUDA kernel; this net's layers all do."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv3d(1, 8, 3, stride=2), nn.BatchNorm3d(8), nn.ReLU(), GlobalMean(), nn.Linear(8, 2)).to(
+        CUDA
+    )
+
+
+class GlobalMean(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean((2, 3, 4))
+
+
+def deterministic_trainer(shared_data: Path, *overrides: str, hooks: Hooks) -> Trainer:
+    cfg = OmegaConf.to_object(
+        compose_config(
+            "data=adrenalmnist3d",
+            f"data.root={shared_data}",
+            "data.download=false",
+            "device=cuda",
+            "batch_size=8",
+            "limit_batches=8",
+            "cuda_graphs=true",
+            "deterministic=true",
+            "accumulate=2",
+            "sched=cyclic",
+            "ema_decay=0.9",
+            "epochs=3",
+            *overrides,
+        )
+    )
+    seed_everything(cfg)
+    loaders = {
+        split: make_loader(cfg.data, tensors, cfg.batch_size, cfg.seed, split == "train", CUDA)
+        for split, tensors in load_splits(cfg.data).items()
+    }
+    hooks = dataclasses.replace(hooks, after_step=fault_hooks(cfg, Rank()))
+    return Trainer(cfg, deterministic_net(), loaders, CUDA, Rank(), hooks)
+
+
 def test_a_graphed_run_stopped_mid_epoch_resumes_bitwise(tmp_path, shared_data):
-    """A real SIGTERM after step 6 of 12 (``fault.term_step``); deterministic kernels, so bitwise is checkable."""
-    run = ("cuda_graphs=true", "deterministic=true", "accumulate=2", "sched=cyclic", "ema_decay=0.9", "epochs=3")
-    whole = cuda_trainer(shared_data, *run, hooks=Hooks(checkpoint_to=tmp_path / "whole" / checkpoint.FILE))
+    """A real SIGTERM after step 6 of 12 (``fault.term_step``), then the run resumed from its checkpoint."""
+    whole = deterministic_trainer(shared_data, hooks=Hooks(checkpoint_to=tmp_path / "whole" / checkpoint.FILE))
     whole.fit(lambda metrics, step: None)
     parts, preemption = tmp_path / "parts" / checkpoint.FILE, Preemption()
-    stopped = cuda_trainer(
-        shared_data, *run, "fault.term_step=6", hooks=Hooks(checkpoint_to=parts, preemption=preemption)
+    stopped = deterministic_trainer(
+        shared_data, "fault.term_step=6", hooks=Hooks(checkpoint_to=parts, preemption=preemption)
     )
     with preemption.installed(), pytest.raises(Preempted, match="stopped at epoch 2 step 2/4"):
         stopped.fit(lambda metrics, step: None)
-    resumed = cuda_trainer(shared_data, *run, hooks=Hooks(checkpoint_to=parts))
+    resumed = deterministic_trainer(shared_data, hooks=Hooks(checkpoint_to=parts))
     resumed.load_state_dict(torch.load(parts, weights_only=True))
     resumed.fit(lambda metrics, step: None)
     expected, got = (torch.load(path, weights_only=True) for path in (tmp_path / "whole" / checkpoint.FILE, parts))
     for part in ("model", "ema"):
         for name, value in expected[part].items():
             assert torch.equal(got[part][name], value), (part, name)
+
+
+def test_deterministic_trains_the_zoo_on_cuda_with_a_warning(shared_data):
+    """Not a failure at the first backward: torch warns about the pooling kernels it runs as they are."""
+    trainer = cuda_trainer(shared_data, "deterministic=true", "limit_batches=2", "epochs=1")
+    with pytest.warns(UserWarning, match="does not have a deterministic implementation"):
+        trainer.train_epoch(0)

@@ -1,8 +1,9 @@
 """The memory predictor's figures (:func:`src.perf.memory.predict`) kept in ``memory_predictions.json`` beside the
 peak-FLOP/s cache (:mod:`src.perf.probe_cache`): a replay costs 1-5 s of one core (densenet121 at 28^3, 2026-11-24),
-a read nothing, so a dry run listing a sweep again and a job's start-up read their peaks. Keyed by the config (its
-seed aside), the device and the probe key's machine, software and code (the predictor and the models are in the code's
-fingerprint). Entries are used for :data:`MAX_AGE`, then predicted again."""
+a read nothing, so a dry run listing a sweep again and a job's start-up read their peaks. Keyed by the config's hash
+(:func:`src.tracking.identity.config_hash`: where a run logs, how it starts and its seed aside), the device and the
+probe key's machine, software and code (the predictor and the models are in the code's fingerprint). Entries are used
+for :data:`MAX_AGE`, then predicted again."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ import datetime
 from collections.abc import Callable
 
 import torch
+from omegaconf import OmegaConf
 
 from src.config import Config
 from src.parallel.ranks import thread_count
 from src.perf.memory import MemoryPrediction, predict
 from src.perf.probe_cache import ProbeCache, age, key, machine
+from src.tracking.identity import config_hash, flatten
 
 MAX_AGE = datetime.timedelta(days=7)
 CACHE = ProbeCache("memory_predictions.json", fresh=lambda entry: age(entry) <= MAX_AGE)
@@ -24,7 +27,8 @@ CACHE = ProbeCache("memory_predictions.json", fresh=lambda entry: age(entry) <= 
 def predicted(cfg: Config, device: torch.device) -> MemoryPrediction:
     """``predict(cfg, device)``, from the cache when it holds it; the replay holds the machine shared (no step timing
     of another process meanwhile)."""
-    name = key(device, thread_count(cfg), repr((dataclasses.replace(cfg, seed=0), device)))  # sizes, not values
+    probed = config_hash(flatten(OmegaConf.structured(dataclasses.replace(cfg, seed=0))))  # sizes, not values
+    name = key(device, thread_count(cfg), f"{probed} {device}")
     with machine(exclusive=False):
         entry = CACHE.get(name) or CACHE.put(name, dataclasses.asdict(predict(cfg, device)))
     return MemoryPrediction(**{field.name: entry[field.name] for field in dataclasses.fields(MemoryPrediction)})

@@ -16,7 +16,6 @@ from collections.abc import Callable
 
 import psutil
 import torch
-from scipy import stats
 
 from src.perf.probe_cache import Entry, ProbeCache, age, key, machine
 from src.training.meters import CONTENDED_CORES, busy_cpu_seconds, tree_cpu_seconds
@@ -45,6 +44,8 @@ class StepTime:
 
 def spread(times: list[float]) -> float:
     """Half-width of the 95% Student-t interval of the mean of ``times`` (two or more), relative to the mean."""
+    from scipy import stats
+
     n = len(times)
     return stats.t.ppf(0.975, n - 1) * statistics.stdev(times) / math.sqrt(n) / statistics.mean(times)
 

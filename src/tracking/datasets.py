@@ -39,9 +39,7 @@ def source(cfg: DataConfig, path: Path) -> tuple[str, str, dict]:
         cache = {"spacing_mm": meta["spacing"], "cache": path.name, "cache_bytes": path.stat().st_size}
         name = f"{Path(meta['root']).name}_{cfg.size}"
         return name, Path(meta["labels"]).as_uri(), profile | cache | {"monai_version": version("monai")}
-    import medmnist
-
-    about = {"file": path.name, "file_bytes": path.stat().st_size, "medmnist_version": medmnist.__version__}
+    about = {"file": path.name, "file_bytes": path.stat().st_size, "medmnist_version": version("medmnist")}
     return path.stem, path.resolve().as_uri(), {"flag": cfg.name, **about}
 
 

@@ -1,6 +1,7 @@
 """Evaluation metrics: the MedMNIST protocol's ACC and AUC (medmnist's own functions); the metrics a clinician
 reads (balanced accuracy, calibration, sensitivity/specificity, per-class AUC) from scikit-learn on MedMNIST's
-predicted class; the test split's confusion matrix and per-sample predictions."""
+predicted class; the test split's confusion matrix and per-sample predictions. medmnist and scikit-learn load at the
+first evaluation, not with a job's start-up."""
 
 from __future__ import annotations
 
@@ -10,9 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from medmnist.evaluator import getACC, getAUC
-from sklearn.calibration import calibration_curve
-from sklearn.metrics import ConfusionMatrixDisplay, balanced_accuracy_score, recall_score, roc_auc_score
 
 BINARY = "binary-class"
 ECE_BINS = 15
@@ -24,6 +22,8 @@ def medmnist_metrics(labels: np.ndarray, scores: np.ndarray, task: str) -> dict[
 
     AUC is NaN where it is undefined: a (truncated) split missing a class.
     """
+    from medmnist.evaluator import getACC, getAUC
+
     try:
         auc = getAUC(labels, scores, task)
     except ValueError:  # roc_auc_score: only one class present
@@ -38,6 +38,8 @@ def predicted(scores: np.ndarray, task: str) -> np.ndarray:
 
 def expected_calibration_error(labels: np.ndarray, scores: np.ndarray, task: str, n_bins: int = ECE_BINS) -> float:
     """Top-label ECE (Guo et al. 2017): sum over equal-width confidence bins of n_b/N |acc_b - conf_b|."""
+    from sklearn.calibration import calibration_curve
+
     pred = predicted(scores, task)
     confidence = scores[np.arange(len(pred)), pred]
     acc, conf = calibration_curve((pred == labels).astype(int), confidence, pos_label=1, n_bins=n_bins)
@@ -48,6 +50,8 @@ def expected_calibration_error(labels: np.ndarray, scores: np.ndarray, task: str
 
 def one_vs_rest_auc(labels: np.ndarray, scores: np.ndarray, k: int) -> float:
     """ROC AUC of class ``k`` against the rest; NaN where the class is absent or the only one present."""
+    from sklearn.metrics import roc_auc_score
+
     positive = labels == k
     return float(roc_auc_score(positive, scores[:, k])) if 0 < positive.sum() < len(labels) else math.nan
 
@@ -57,6 +61,8 @@ def clinical_metrics(labels: np.ndarray, scores: np.ndarray, task: str) -> dict[
 
     A metric undefined on the split (a class missing) is NaN; balanced accuracy averages the classes present.
     """
+    from sklearn.metrics import balanced_accuracy_score, recall_score
+
     pred = predicted(scores, task)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="y_pred contains classes not in y_true")
@@ -80,6 +86,7 @@ def write_eval_artifacts(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from sklearn.metrics import ConfusionMatrixDisplay
 
     folder.mkdir(parents=True, exist_ok=True)
     figure_path, csv_path = folder / "confusion_matrix.png", folder / "test_predictions.csv"

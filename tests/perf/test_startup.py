@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import pytest
@@ -14,7 +15,7 @@ from src.perf.flop_cache import counted_flops
 from src.perf.memory import footprint
 from src.perf.memory_cache import predicted_memory_metrics
 from src.training.mfu import flops_per_sample
-from tests.helpers import compose_config
+from tests.helpers import compose_config, run_process
 
 CPU = torch.device("cpu")
 
@@ -63,11 +64,12 @@ def test_a_sweeps_later_jobs_reuse_the_probes_of_an_equal_model():
 
 def test_the_start_up_probes_are_read_from_disk_by_a_later_process(monkeypatch, tmp_path):
     """A later process (its in-process caches empty) reads the FLOP count and the memory prediction that an earlier
-    one wrote; a seed does not change either. The counting functions are replaced by ones that fail, to show that
-    they are not called (the files are real)."""
+    one wrote; neither the seed nor the store a run logs to changes either. The counting functions are replaced by
+    ones that fail, to show that they are not called (the files are real)."""
     monkeypatch.setenv("MEDSWEEP_CACHE_DIR", str(tmp_path))
     seed0, seed1 = (
-        OmegaConf.to_object(compose_config("model=resnet10", "data=synthetic", f"seed={seed}")) for seed in (0, 1)
+        OmegaConf.to_object(compose_config("model=resnet10", "data=synthetic", *extra))
+        for extra in (["seed=0"], ["seed=1", f"mlflow.tracking_uri=sqlite:///{tmp_path / 'elsewhere.db'}"])
     )
     flops, memory = counted_flops(seed0), predicted_memory_metrics(seed0, CPU)({"mem/peak_mb": 100.0})
     assert flops == flops_per_sample(seed0)
@@ -83,3 +85,23 @@ def test_the_start_up_probes_are_read_from_disk_by_a_later_process(monkeypatch, 
     assert len(json.loads((tmp_path / "memory_predictions.json").read_text())) == 1
     with pytest.raises(AssertionError, match="probed again"):
         counted_flops(OmegaConf.to_object(compose_config("model=resnet18", "data=synthetic")))
+
+
+def test_a_jobs_start_up_path_imports_neither_scikit_learn_nor_medmnists_package():
+    """They load at the first evaluation (~1.5 s of start-up, 2026-11-27); the data's checks read medmnist's INFO from
+    its ``info`` module alone. A fresh process, since this one has imported everything."""
+    code = """
+import sys
+import src.train, src.jobs.rank, src.jobs.reporting, src.training.trainer
+from omegaconf import OmegaConf
+from src.config import register
+from src.data import class_names, ensure_file, load_splits
+from tests.helpers import compose_config
+register()
+data = OmegaConf.to_object(compose_config("data=adrenalmnist3d", "data.download=false")).data
+ensure_file(data), load_splits(data), class_names(data)
+print(sorted(name for name in ("sklearn", "medmnist", "scipy.stats") if name in sys.modules))
+"""
+    result = run_process([sys.executable, "-c", code])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "[]"

@@ -1,41 +1,93 @@
 #!/usr/bin/env bash
-# Issue 21's measurements on the GPU machine (the `device` tool), one phase per `run` call, each under 10 minutes:
-#   <install line of ../shared/gpu/prepare.sh>; bash benchmarks/gpu_session.sh tests|loops|main|mission
-# (carry .device). Logs, tables and the MLflow store go under $OUT; docs/gpu.md says what each phase checks.
+# Issue 21's measurements on the GPU machine (the `device` tool), as few calls as its 15 minutes allow:
+#   <install line of ../shared/gpu/prepare.sh>; bash benchmarks/gpu_session.sh all          (carry .device)
+#   bash benchmarks/gpu_session.sh tests main   # or any phases, in the order given
+# Phases (docs/gpu.md says what each checks), each under a time cap, `all` in this order:
 #   tests    python -m pytest -m gpu: graphed = eager, no host sync in a graphed step, resume bitwise, MPS sharing
 #   loops    benchmarks/train_loops.py --device cuda at the issue's four shapes: plain, MONAI, medsweep eager/graphed
-#   main     the main command (densenet121, amp=true,false), its start-up and the report's amp verdict
-#   mission  the 12-job sweep, 4 jobs at a time on the one GPU (gpu_share=auto), its wall time and report
-set -euo pipefail
-phase=${1:-}
-[[ $phase =~ ^(tests|loops|main|mission)$ ]] || { echo "error: phase '$phase': tests, loops, main or mission" >&2; exit 2; }
+#   main     the main command (densenet121, amp=true,false) and its report's amp verdict
+#   share    benchmarks/gpu_share.py: 1 and 4 processes training resnet18 28^3 b32 on the GPU, MPS as a sweep uses it
+#   mission  the 12-job sweep, 4 jobs at a time on the one GPU (gpu_share=auto): wall time; its first 4 jobs are
+#            fresh processes for models `main` probed, so their time/startup_s is the start-up target's figure
+#   startup  (not in all; after main) one job in a fresh process for the model `main` probed, logged to main's store
+#            (experiment `startup`): time/startup_s alone
+# A phase is skipped once less than its floor is left of GPU_SESSION_BUDGET_S (default 540). Everything goes to
+# $GPU_SESSION_DIR (default /tmp/gpu_session); $OUT gets targets.md (benchmarks/gpu_targets.py), wall.tsv and
+# session.tar.gz (logs, JSON, stores and reports; no weights), within the device tool's 8 files.
+# GPU_SESSION_OVERRIDES (space separated) go to every medsweep command: `device=cpu epochs=1 limit_batches=2` checks
+# the script's plumbing on a CPU (tests/test_gpu_session.py).
+set -uo pipefail
+cd "$(dirname "$0")/.."
 out=${OUT:?the device tool sets OUT}
-store=(mlflow.tracking_uri="sqlite:///$out/mlflow.db")
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$out/gpu.txt"
-python -c 'import torch; print(torch.__version__, torch.version.cuda, torch.backends.cudnn.version())' >>"$out/gpu.txt"
-git rev-parse --short HEAD >>"$out/gpu.txt" 2>/dev/null || true
-timed() {  # name, command...: its output and wall seconds under $OUT
-  local name=$1 start=$SECONDS
+dir=${GPU_SESSION_DIR:-/tmp/gpu_session}
+budget=${GPU_SESSION_BUDGET_S:-540}
+python=${PYTHON:-python3}
+declare -A cap=([tests]=150 [loops]=200 [main]=180 [share]=110 [mission]=240 [startup]=90)
+declare -A floor=([tests]=60 [loops]=90 [main]=100 [share]=60 [mission]=90 [startup]=45)
+read -ra extra <<<"${GPU_SESSION_OVERRIDES:-}"
+phases=("$@")
+[ "${phases[*]:-}" = all ] && phases=(tests loops main share mission)
+[ ${#phases[@]} -gt 0 ] || { echo "error: no phase: all, or some of tests loops main share mission startup" >&2; exit 2; }
+for phase in "${phases[@]}"; do
+  [ -n "${cap[$phase]:-}" ] || { echo "error: phase '$phase': tests, loops, main, share, mission, startup or all" >&2; exit 2; }
+done
+mkdir -p "$dir"
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  $python -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version())'
+  echo "commit $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
+  date -u +%FT%TZ
+} >"$dir/machine.txt" 2>&1
+cat "$dir/machine.txt"
+started=$SECONDS
+timed() {  # name, command...: under the phase's cap and what is left of the budget; output and wall seconds
+  local name=$1 left=$((budget - (SECONDS - started))) start=$SECONDS status
   shift
-  "$@" >"$out/$name.txt" 2>&1 || echo "exit $?" >>"$out/$name.txt"
-  echo "$name: $((SECONDS - start)) s wall" | tee -a "$out/wall.txt"
+  local limit=$((left < cap[$phase] ? left : cap[$phase]))
+  if [ "$limit" -lt "${floor[$phase]}" ]; then
+    echo "$name: skipped, ${left} s of the budget left" | tee -a "$dir/skipped.txt"
+    return
+  fi
+  timeout -k 10 "$limit" "$@" >"$dir/$name.log" 2>&1
+  status=$?
+  printf '%s\t%s\t%s\n' "$name" $((SECONDS - start)) "$status" >>"$dir/wall.tsv"
+  echo "$name: $((SECONDS - start)) s wall, exit $status$([ $status -eq 124 ] && echo " (cut at $limit s)")"
 }
-case $phase in
-tests) timed gpu_tests python -m pytest -m gpu -q -p no:cacheprovider tests ;;
-loops)
-  for shape in "densenet121 28 32 30" "resnet18 28 32 30" "resnet18 64 16 60" "densenet121 64 16 60"; do
-    read -r model size batch steps <<<"$shape"
-    timed "loops_${model}_$size" python benchmarks/train_loops.py --device cuda --model "$model" --size "$size" \
-      --batch "$batch" --steps "$steps" --warmup 5 --repeats 3
-  done
-  ;;
-main)
-  timed main python -m src.train -m model=densenet121 amp=true,false "${store[@]}" hydra.sweep.dir="$out/sweep_main"
-  timed main_report python -m src.report sweep="$out/sweep_main"
-  ;;
-mission)
-  timed mission python -m src.train -m model=densenet121,resnet18 amp=true,false seed=0,1,2 hydra/launcher=joblib \
-    hydra.launcher.n_jobs=4 "${store[@]}" hydra.sweep.dir="$out/sweep_mission"
-  timed mission_report python -m src.report sweep="$out/sweep_mission"
-  ;;
-esac
+sweep() {  # phase, overrides...: a medsweep sweep into the phase's own store and folder, then its report
+  local name=$1
+  shift
+  timed "$name" $python -m src.train -m "$@" "${extra[@]}" mlflow.tracking_uri="sqlite:///$dir/$name/mlflow.db" \
+    hydra.sweep.dir="$dir/$name/sweep"
+  [ -d "$dir/$name/sweep" ] && $python -m src.report sweep="$dir/$name/sweep" out="$dir/$name/report" \
+    >"$dir/${name}_report.log" 2>&1
+}
+for phase in "${phases[@]}"; do
+  mkdir -p "$dir/$phase"
+  case $phase in
+  tests) timed tests $python -m pytest -m gpu -q -p no:cacheprovider tests ;;
+  loops)
+    for shape in "densenet121 28 32 20" "resnet18 28 32 30" "resnet18 64 16 40" "densenet121 64 16 30"; do
+      read -r model size batch steps <<<"$shape"
+      timed "loops_${model}_$size" $python benchmarks/train_loops.py --device cuda --model "$model" --size "$size" \
+        --batch "$batch" --steps "$steps" --warmup 5 --repeats 3 --json "$dir/loops.jsonl"
+    done
+    ;;
+  main) sweep main model=densenet121 amp=true,false ;;
+  share) timed share $python -m benchmarks.gpu_share --device cuda --jobs 1,4 --json "$dir/share.jsonl" ;;
+  mission)
+    sweep mission model=densenet121,resnet18 amp=true,false seed=0,1,2 hydra/launcher=joblib hydra.launcher.n_jobs=4
+    ;;
+  startup)
+    mkdir -p "$dir/main"
+    timed startup $python -m src.train model=densenet121 amp=true seed=1 "${extra[@]}" mlflow.experiment=startup \
+      mlflow.tracking_uri="sqlite:///$dir/main/mlflow.db" hydra.run.dir="$dir/startup/run"
+    ;;
+  esac
+done
+$python -m benchmarks.gpu_targets "$dir" >"$dir/targets.md" 2>&1
+cat "$dir/targets.md"
+cp "$dir/targets.md" "$dir/wall.tsv" "$out/" 2>/dev/null
+tar -czf "$out/session.tar.gz" -C "$dir" --exclude='*.pt' --exclude='*.pth' --exclude='.mps' .
+[ "$(stat -c %s "$out/session.tar.gz")" -le $((16 << 20)) ] ||  # the tool brings back files of 16 MiB at most
+  tar -czf "$out/session.tar.gz" -C "$dir" --exclude='*.pt' --exclude='*.pth' --exclude='.mps' --exclude=mlartifacts .
+echo "session: $((SECONDS - started)) s; $(du -h "$out/session.tar.gz" | cut -f1) in session.tar.gz"

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import shlex
 import statistics
@@ -356,6 +357,20 @@ def table(variants: list[Variant], references: dict[str, Variant], args: argpars
     return "\n".join(lines)
 
 
+def record(variants: list[Variant], args: argparse.Namespace) -> dict:
+    """The table as one JSON object (``--json``): the shape, and each variant's samples/s per round."""
+    return {
+        "device": args.device,
+        "model": args.model,
+        "size": args.size,
+        "batch": args.batch,
+        "steps": args.steps,
+        "machine": machine(args, ""),
+        "samples_per_s": {v.name: [args.batch * args.steps / s for s in v.seconds] for v in variants},
+        "peak_mb": {v.name: v.peak_mb for v in variants},
+    }
+
+
 def rounds_line(variants: list[Variant], args: argparse.Namespace) -> str:
     return "samples/s per round: " + "; ".join(
         f"{v.name} " + " ".join(f"{args.batch * args.steps / s:.2f}" for s in v.seconds) for v in variants
@@ -423,6 +438,9 @@ def run_variants(args: argparse.Namespace, data: tuple[np.ndarray, np.ndarray]) 
             except UsageError as error:  # e.g. cuda_graphs=true where the step cannot be captured
                 print(f"{name}: skipped: {error}")
     timed_table(variants, {v.name: v for v in variants if v.name == "plain"}, args)
+    if args.json:
+        with open(args.json, "a") as out:
+            out.write(json.dumps(record(variants, args)) + "\n")
     if args.profile:
         print(profile_table(variants, args.profile))
 
@@ -518,6 +536,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--sweep-best", action="store_true", help="find the fastest medsweep switches instead")
     parser.add_argument("--data-root", default=str(SHIPPED))
+    parser.add_argument("--json", metavar="FILE", help="append the table to FILE as one JSON line")
     args = parser.parse_args(argv)
     known = VARIANTS[args.device]
     args.variants = args.variants.split(",") if args.variants else list(known)

@@ -202,6 +202,25 @@ def table(folder: Path) -> str:
     return "\n".join(lines)
 
 
+PARTS = ("time/startup_s", "time/total_s", "time/validate_s", "time/checkpoint_s")
+
+
+def time_parts(folder: Path) -> str:
+    """Where the sweeps' jobs spent their time, seconds (medians over a sweep's jobs of one model and precision)."""
+    lines = [
+        "| sweep | model | amp | jobs | start-up | training to test end | of it validating | of it checkpointing |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for sweep in ("main", "mission"):
+        frame = runs(folder / sweep / "mlflow.db", experiment=MAIN)
+        if frame.empty or not all(f"metrics.{part}" in frame for part in PARTS):
+            continue
+        for (model, amp), jobs in frame.groupby(["params.model.name", "params.amp"]):
+            cells = [f"{jobs[f'metrics.{part}'].median():.1f}" for part in PARTS]
+            lines.append(f"| {sweep} | {model} | {amp} | {len(jobs)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path, help="the session folder benchmarks/gpu_session.sh wrote")
@@ -212,6 +231,8 @@ def main(argv: list[str] | None = None) -> None:
     if machine.exists():
         print(machine.read_text().strip().replace("\n", "; "))
     print(table(args.folder))
+    if parts := time_parts(args.folder):
+        print(f"\n{parts}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from benchmarks.train_loops import Variant, record
 from tests.helpers import ROOT, run_process
 
 SESSION = str(ROOT / "benchmarks" / "gpu_session.sh")
-CPU_RUN = "device=cpu epochs=1 limit_batches=2"
+CPU_RUN = "device=cpu epochs=1 limit_batches=2 model=resnet10"  # after the phases' own model
 
 
 def loops_line(model: str, size: int, batch: int, rounds: dict[str, list[float]]) -> str:
@@ -101,20 +101,25 @@ def test_gpu_share_on_the_cpu_sums_the_processes_per_round(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_session_script_on_the_cpu_runs_a_phase_and_brings_back_its_files(tmp_path, monkeypatch):
-    """The ``startup`` phase with CPU overrides: a real job into a real store, the targets table, the bundle."""
+def test_the_session_script_on_the_cpu_runs_its_phases_and_brings_back_their_files(tmp_path, monkeypatch):
+    """``main`` then ``startup`` with CPU overrides: real jobs into a real store, the targets table (the start-up job
+    reads the probes ``main`` cached, though it logs to another experiment), the time parts, the bundle."""
     out, session = tmp_path / "out", tmp_path / "session"
     out.mkdir()
     for name, value in {"OUT": out, "GPU_SESSION_DIR": session, "PYTHON": sys.executable}.items():
         monkeypatch.setenv(name, str(value))
     monkeypatch.setenv("GPU_SESSION_OVERRIDES", CPU_RUN)
-    result = run_process(["bash", SESSION, "startup"])
+    result = run_process(["bash", SESSION, "main", "startup"])
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "startup: " in result.stdout and "exit 0" in result.stdout
+    walls = [line.split("\t") for line in (out / "wall.tsv").read_text().splitlines()]
+    assert [(name, status) for name, _, status in walls] == [("main", "0"), ("startup", "0")]
     assert sorted(p.name for p in out.iterdir()) == ["session.tar.gz", "targets.md", "wall.tsv"]
-    (row,) = [line for line in (out / "targets.md").read_text().splitlines() if "start-up" in line]
-    assert "s, one job alone (" in row and "probes" in row
+    targets = (out / "targets.md").read_text()
+    (row,) = [line for line in targets.splitlines() if line.startswith("| fresh process start-up")]
+    assert "s, one job alone (" in row and "probes 0.0" in row
+    parts = [line for line in targets.splitlines() if line.startswith("| main | resnet10 |")]
+    assert [line.split(" | ")[2] for line in parts] == ["False", "True"]
     with tarfile.open(out / "session.tar.gz") as bundle:
         names = bundle.getnames()
-    assert "./main/mlflow.db" in names and "./startup.log" in names
+    assert {"./main/mlflow.db", "./main/report/effects.csv", "./startup.log"} <= set(names)
     assert not [name for name in names if name.endswith((".pt", ".pth"))]

@@ -11,7 +11,7 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -100,6 +100,7 @@ class Trainer:
         self.last_metrics: dict[str, float] | None = None  # the last finished epoch's
         self.memory_peak: dict[str, float] = {}  # the run's peak memory before this epoch, over ranks and processes
         self.elapsed_s, self._start = 0.0, time.perf_counter()
+        self.spent_s = {"time/validate_s": 0.0, "time/checkpoint_s": 0.0}  # the run's seconds validating, checkpointing
         self.memory_format = torch.channels_last_3d if cfg.channels_last else torch.contiguous_format
         self.precision = self._precision(cache_enabled=True)
         self.optimizer = build_optimizer(cfg.optim, model.parameters())
@@ -357,11 +358,13 @@ class Trainer:
             self.epoch = epoch + 1
             if not self.rank.is_main:
                 continue
-            metrics.update(self.evaluate("val"))
+            with self._spent("time/validate_s"):
+                metrics.update(self.evaluate("val"))
             if self.selection.improves(metrics, self.epoch, first=self.best_state is None):
                 self.best_state, self.best_epoch = copy.deepcopy(self.evaluated.state_dict()), self.epoch
             self.last_metrics = metrics
-            self._save()
+            with self._spent("time/checkpoint_s"):
+                self._save()
             log_metrics(metrics, epoch)
             log.info("epoch %d/%d %s", epoch + 1, self.cfg.epochs, " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
         if not self.rank.is_main:
@@ -373,6 +376,7 @@ class Trainer:
             **test,
             "model/params": float(sum(p.numel() for p in self.raw_model.parameters() if p.requires_grad)),
             "time/total_s": time.perf_counter() - self._start,
+            **self.spent_s,
             "stopped_epoch": float(self.epoch),
             "best_epoch": float(self.best_epoch),
             **self.speed(),
@@ -415,6 +419,15 @@ class Trainer:
             )
         return stop
 
+    @contextlib.contextmanager
+    def _spent(self, name: str) -> Iterator[None]:
+        """Add the block's wall seconds to ``spent_s[name]``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.spent_s[name] += time.perf_counter() - start
+
     def _save(self) -> None:
         if self.hooks.checkpoint_to is not None:
             checkpoint.save({**self.hooks.checkpoint_meta, **self.state_dict()}, self.hooks.checkpoint_to)
@@ -438,6 +451,7 @@ class Trainer:
             "memory_peak": {k: max(v, self.memory_peak.get(k, 0.0)) for k, v in self.memory.peak().items()},
             "timed": self.timed,
             "elapsed_s": time.perf_counter() - self._start,
+            "spent_s": self.spent_s,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -462,3 +476,4 @@ class Trainer:
         self.memory_peak = state.get("memory_peak", {})  # checkpoints before 2026-11-24 lack it
         self.timed = state.get("timed", [])
         self.elapsed_s = state["elapsed_s"]
+        self.spent_s = state.get("spent_s", self.spent_s)  # checkpoints before 2026-11-27 lack it

@@ -37,6 +37,8 @@ FINAL = (  # logged once, at step `epochs`
     "test/",
     "model/",
     "time/total_s",
+    "time/validate_s",
+    "time/checkpoint_s",
     "best_epoch",
     "stopped_epoch",
     "perf/samples_per_s_",

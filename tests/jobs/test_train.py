@@ -31,6 +31,8 @@ FINAL_METRICS = {
     "test/auc",
     "model/params",
     "time/total_s",
+    "time/validate_s",
+    "time/checkpoint_s",
     "stopped_epoch",
     "best_epoch",
     *(f"test/{k}" for k in CLINICAL),

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from src.training.meters import RUN_WARMUP, OtherLoad, ThroughputMeter, is_contended
+from src.training.trainer import Hooks
 from tests.training.test_engine import trainer_for
 
 CPU = torch.device("cpu")
@@ -41,6 +42,23 @@ def test_a_run_logs_its_epochs_median_range_and_steps_timed_and_keeps_them_acros
     assert len(rates) == 3 and final["perf/steps_timed"] == 2 * (6 - RUN_WARMUP) + (6 - 1)
     assert final["perf/samples_per_s_median"] == sorted(rates)[1]
     assert (final["perf/samples_per_s_lo"], final["perf/samples_per_s_hi"]) == (min(rates), max(rates))
+
+
+def test_a_run_states_its_seconds_validating_and_checkpointing_and_keeps_them_across_a_resume(tmp_path, shared_data):
+    """Parts of ``time/total_s`` on the main rank: what eager validation and the epochs' checkpoints cost a run."""
+    path = tmp_path / "checkpoint.pt"
+    first = trainer_for("epochs=2", "limit_batches=3", "batch_size=4", data_root=shared_data)
+    first.hooks = Hooks(checkpoint_to=path)
+    final = first.fit(lambda metrics, step: None)
+    assert final["time/validate_s"] > 0 and final["time/checkpoint_s"] > 0
+    assert final["time/validate_s"] + final["time/checkpoint_s"] < final["time/total_s"]
+    saved = torch.load(path, weights_only=True)["spent_s"]  # written before its own save was counted
+    assert saved["time/validate_s"] == final["time/validate_s"]
+    assert saved["time/checkpoint_s"] < final["time/checkpoint_s"]
+    longer = trainer_for("epochs=3", "limit_batches=3", "batch_size=4", data_root=shared_data)
+    longer.load_state_dict(torch.load(path, weights_only=True))
+    resumed = longer.fit(lambda metrics, step: None)
+    assert resumed["time/validate_s"] > saved["time/validate_s"]
 
 
 def cpu_seconds(pid: int) -> float:

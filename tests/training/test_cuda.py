@@ -12,6 +12,7 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
+from src.config import Config
 from src.data import load_splits, make_loader
 from src.parallel.dist import Rank
 from src.parallel.preemption import Preempted, Preemption
@@ -36,22 +37,25 @@ def nondeterministic_after():
     torch.backends.cudnn.deterministic = False
 
 
-def cuda_trainer(shared_data: Path, *overrides: str, hooks: Hooks | None = None) -> Trainer:
+def cuda_config(shared_data: Path, *overrides: str) -> Config:
+    """A short CUDA run on the shipped AdrenalMNIST3D, seeded."""
     cfg = OmegaConf.to_object(
         compose_config(
             "data=adrenalmnist3d",
             f"data.root={shared_data}",
             "data.download=false",
             "device=cuda",
-            "model=resnet10",
             "batch_size=8",
             "limit_batches=8",
-            "epochs=2",
             *overrides,
         )
     )
     seed_everything(cfg)
-    return build_trainer(cfg, CUDA, hooks=hooks)
+    return cfg
+
+
+def cuda_trainer(shared_data: Path, *overrides: str, hooks: Hooks | None = None) -> Trainer:
+    return build_trainer(cuda_config(shared_data, "model=resnet10", "epochs=2", *overrides), CUDA, hooks=hooks)
 
 
 def test_amp_auto_is_bfloat16_without_a_scaler_where_the_gpu_computes_it_natively():
@@ -113,24 +117,8 @@ class GlobalMean(nn.Module):
 
 
 def deterministic_trainer(shared_data: Path, *overrides: str, hooks: Hooks) -> Trainer:
-    cfg = OmegaConf.to_object(
-        compose_config(
-            "data=adrenalmnist3d",
-            f"data.root={shared_data}",
-            "data.download=false",
-            "device=cuda",
-            "batch_size=8",
-            "limit_batches=8",
-            "cuda_graphs=true",
-            "deterministic=true",
-            "accumulate=2",
-            "sched=cyclic",
-            "ema_decay=0.9",
-            "epochs=3",
-            *overrides,
-        )
-    )
-    seed_everything(cfg)
+    run = ("cuda_graphs=true", "deterministic=true", "accumulate=2", "sched=cyclic", "ema_decay=0.9", "epochs=3")
+    cfg = cuda_config(shared_data, *run, *overrides)
     loaders = {
         split: make_loader(cfg.data, tensors, cfg.batch_size, cfg.seed, split == "train", CUDA)
         for split, tensors in load_splits(cfg.data).items()

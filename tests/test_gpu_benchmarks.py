@@ -66,9 +66,10 @@ def test_the_targets_table_reads_each_part_and_says_what_was_not_measured(tmp_pa
         assert rows[name].endswith("| not measured | - |")
 
 
-def test_the_targets_of_a_missing_folder_are_one_error_line(tmp_path):
-    result = run_process([sys.executable, "-m", "benchmarks.gpu_targets", str(tmp_path / "nothing")])
-    assert result.returncode == 2 and result.stderr.strip() == f"error: {tmp_path / 'nothing'}: no such folder"
+def test_the_targets_of_a_missing_folder_are_one_error_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        gpu_targets.main([str(tmp_path / "nothing")])
+    assert exit_.value.code == 2 and capsys.readouterr().err == f"error: {tmp_path / 'nothing'}: no such folder\n"
 
 
 @pytest.mark.parametrize("phases", [[], ["tests", "bogus"]])
@@ -81,9 +82,10 @@ def test_the_session_refuses_an_unknown_or_missing_phase_before_anything_runs(tm
 
 
 @pytest.mark.parametrize("argv", [["--jobs", "1,x"], ["--jobs", "0"], ["--device", "cuda", "--warmup", "1"]])
-def test_gpu_share_refuses_bad_arguments(argv):
-    result = run_process([sys.executable, "-m", "benchmarks.gpu_share", *argv])
-    assert result.returncode == 2 and "error:" in result.stderr
+def test_gpu_share_refuses_bad_arguments(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        gpu_share.parse_args(argv)
+    assert exit_.value.code == 2 and "error:" in capsys.readouterr().err
 
 
 @pytest.mark.slow

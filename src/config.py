@@ -527,6 +527,8 @@ RESERVED_TAGS = frozenset(  # the undotted tag keys medsweep writes itself (its 
         "best_weights",
         "sweep_dir",
         "role",
+        "cuda_graphs",
+        "gpu_share",
     ]
 )
 

@@ -20,7 +20,6 @@ import json
 import os
 import queue
 import shlex
-import shutil
 import statistics
 import sys
 import tempfile
@@ -35,6 +34,7 @@ import torch.multiprocessing as mp  # noqa: E402
 
 from benchmarks.train_loops import BEST, BEST_CUDA, GRAPH_WARMUP, compose_config, machine, medsweep_variant  # noqa: E402
 from src.config import Device, GpuShare  # noqa: E402
+from src.errors import UsageError  # noqa: E402
 from src.parallel import mps  # noqa: E402
 from src.shipped import SHIPPED  # noqa: E402
 
@@ -86,12 +86,10 @@ def run_count(args: argparse.Namespace, count: int) -> tuple[list[list[float]], 
 
 def measure(args: argparse.Namespace, count: int) -> dict:
     """One count's figures, with what a sweep of ``count`` jobs on one GPU does about MPS (none on the CPU)."""
-    gpus = 1 if args.device == "cuda" else 0
-    binary = shutil.which(mps.CONTROL) is not None
-    action = mps.decide(GpuShare(args.mps), count, gpus, binary, (mps.serving_pipe() / "control").exists())
-    if action is mps.Action.refuse:
-        raise SystemExit(f"error: --mps mps: {count} jobs on the {args.device} get no MPS daemon")
-    share = mps.Sharing(GpuShare(args.mps), count, gpus, action)
+    try:
+        share = mps.sharing(GpuShare(args.mps), count, gpus=1 if args.device == "cuda" else 0)
+    except UsageError as error:
+        raise SystemExit(f"error: {error}") from None
     with tempfile.TemporaryDirectory(prefix="gpu-share-") as folder, mps.shared(share, Path(folder)):
         seconds, line = run_count(args, count)  # the spawned processes inherit the daemon's pipe folder
         used = os.environ.get(mps.SHARE_ENV) == "mps"

@@ -223,7 +223,7 @@ def time_parts(folder: Path) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folder", type=Path, help="the session folder benchmarks/gpu_session.sh wrote")
+    parser.add_argument("folder", type=Path, help="the folder benchmarks/gpu_session.sh wrote")
     args = parser.parse_args(argv)
     if not args.folder.is_dir():
         parser.exit(2, f"error: {args.folder}: no such folder\n")

@@ -87,13 +87,18 @@ def sweep_sharing(config: DictConfig) -> Sharing:
     """The sweep's sharing from its main process's config; a :class:`UsageError` where ``gpu_share=mps`` cannot be
     had."""
     gpus = torch.cuda.device_count() if config.device is not Device.cpu else 0
-    jobs = jobs_at_once(config.hydra, gpus)
+    return sharing(config.gpu_share, jobs_at_once(config.hydra, gpus), gpus)
+
+
+def sharing(setting: GpuShare, jobs: int, gpus: int) -> Sharing:
+    """``jobs`` at once on ``gpus`` visible GPUs (0: on the CPU), on this machine; a :class:`UsageError` where
+    ``gpu_share=mps`` cannot be had."""
     binary = shutil.which(CONTROL) is not None
-    action = decide(config.gpu_share, jobs, gpus, binary, (serving_pipe() / "control").exists())
+    action = decide(setting, jobs, gpus, binary, (serving_pipe() / "control").exists())
     if action is Action.refuse:
         why = "this sweep runs on the CPU" if not gpus else f"{CONTROL} is not on PATH (NVIDIA's driver ships it)"
         raise UsageError(f"gpu_share=mps needs an MPS daemon for the jobs sharing a GPU: {why}; use gpu_share=auto")
-    return Sharing(config.gpu_share, jobs, gpus, action)
+    return Sharing(setting, jobs, gpus, action)
 
 
 @contextlib.contextmanager

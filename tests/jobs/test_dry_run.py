@@ -112,7 +112,7 @@ def test_a_dry_sweep_lists_two_runs_and_two_skips_and_leaves_the_store_as_it_was
 
 @pytest.mark.slow
 def test_a_parallel_dry_sweep_on_a_store_not_created_yet_times_the_jobs_and_creates_nothing(
-    tmp_path, store, shared_data, monkeypatch
+    tmp_path, new_store, shared_data, monkeypatch
 ):
     """Two worker processes, one shape: one of them times it, the other waits and reads it."""
     monkeypatch.setenv("MEDSWEEP_CACHE_DIR", str(tmp_path / "cache"))
@@ -120,14 +120,14 @@ def test_a_parallel_dry_sweep_on_a_store_not_created_yet_times_the_jobs_and_crea
         "-m",
         "hydra/launcher=joblib",
         "hydra.launcher.n_jobs=2",
-        *small_run(tmp_path, store, shared_data, "epochs=1", "seed=0,1", "dry_run=true"),
+        *small_run(tmp_path, new_store, shared_data, "epochs=1", "seed=0,1", "dry_run=true"),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "mlartifacts").exists()
     *jobs, last = listed(result.stdout)  # the jobs' lines come from two worker processes, in any order
     assert len(jobs) == 2 and len(set(estimates(jobs))) == 1 and len(timings(tmp_path / "cache")) == 1
     for seed, line in enumerate(sorted(jobs)):
-        name, peak = job(tmp_path, store, shared_data, seed)
+        name, peak = job(tmp_path, new_store, shared_data, seed)
         prefix = f"job {seed}: {name} | run | peak {peak:.0f} MiB at batch 4 | "
         assert line.startswith(prefix) and re.fullmatch(TIMED, line[len(prefix) :])
     assert re.fullmatch(rf"total: 2 to run, 0 to skip \| ~[0-9.e-]+ min \| largest peak {peak:.0f} MiB", last)
@@ -135,15 +135,15 @@ def test_a_parallel_dry_sweep_on_a_store_not_created_yet_times_the_jobs_and_crea
 
 @pytest.mark.slow
 def test_a_single_dry_run_of_batch_size_auto_lists_the_predicted_batch_unprobed_and_its_total(
-    tmp_path, store, shared_data
+    tmp_path, new_store, shared_data
 ):
     """With a warm-up schedule too: the timed steps are one epoch, which a warm-up must not refuse."""
     auto = ("epochs=2", "warmup_epochs=1", "batch_size=auto", "effective_batch_size=8")
-    cfg, device = validate(compose_config(*job_overrides(tmp_path, store, shared_data, *auto)))
+    cfg, device = validate(compose_config(*job_overrides(tmp_path, new_store, shared_data, *auto)))
     budget = predict(cfg, device, 4).total_mb / (1 - CPU_HEADROOM) + 1  # room for 4 per step, not 8 (test_measure's)
-    overrides = job_overrides(tmp_path, store, shared_data, *auto, f"mem_budget_mb={budget}")
+    overrides = job_overrides(tmp_path, new_store, shared_data, *auto, f"mem_budget_mb={budget}")
     peak = predict(dataclasses.replace(cfg, batch_size=4, accumulate=2), device).total_mb
-    result = run_cli(*small_run(tmp_path, store, shared_data, *auto, f"mem_budget_mb={budget}", "dry_run=true"))
+    result = run_cli(*small_run(tmp_path, new_store, shared_data, *auto, f"mem_budget_mb={budget}", "dry_run=true"))
     assert result.returncode == 0, result.stderr[-3000:]
     line, last = listed(result.stdout)
     prefix = f"job 0: {job_name(overrides)} | run | peak {peak:.0f} MiB at batch 4 | "
@@ -154,14 +154,14 @@ def test_a_single_dry_run_of_batch_size_auto_lists_the_predicted_batch_unprobed_
 
 
 @pytest.mark.slow
-def test_bad_input_and_an_optuna_sweep_fail_a_dry_run_in_one_line_before_anything(tmp_path, store, shared_data):
+def test_bad_input_and_an_optuna_sweep_fail_a_dry_run_in_one_line_before_anything(tmp_path, new_store, shared_data):
     checked_by_the_dry_run = ("data.root=/nonexistent", "batch_size=2000")  # the others are refused by plan_job
     for overrides, message in [case for case in BAD_INPUTS if case[0][0] in checked_by_the_dry_run]:
-        result = run_cli(*small_run(tmp_path, store, shared_data, "dry_run=true", *overrides))
+        result = run_cli(*small_run(tmp_path, new_store, shared_data, "dry_run=true", *overrides))
         assert result.returncode == 2, (overrides, result.stderr[-2000:])
         assert result.stderr.strip().splitlines()[-1].startswith(f"error: {message}"), (overrides, result.stderr)
         assert listed(result.stdout) == []
-    optuna = run_cli("-m", "preset=optuna", *small_run(tmp_path, store, shared_data, "dry_run=true"))
+    optuna = run_cli("-m", "preset=optuna", *small_run(tmp_path, new_store, shared_data, "dry_run=true"))
     assert optuna.returncode == 2, optuna.stderr[-2000:]
     assert optuna.stderr.strip().splitlines() == [
         "error: dry_run=true lists the jobs of a grid sweep, known before any runs; hydra_plugins.hydra_optuna_sweeper."

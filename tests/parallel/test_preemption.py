@@ -72,9 +72,9 @@ def test_sigterm_in_a_local_sweep_leaves_the_parent_killed(tmp_path, store, shar
     assert parent.info.status == "KILLED"
 
 
-def test_a_sweep_whose_data_is_missing_fails_in_one_line_before_any_run(tmp_path, store, shared_data):
+def test_a_sweep_whose_data_is_missing_fails_in_one_line_before_any_run(tmp_path, new_store, shared_data):
     """Every job's data is checked before the first job starts: no parent run, no job run."""
-    args = [a for a in small_run(tmp_path, store, shared_data) if not a.startswith("data=")]
+    args = [a for a in small_run(tmp_path, new_store, shared_data) if not a.startswith("data=")]
     result = run_cli("-m", "data=adrenalmnist3d,organmnist3d", *args)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("error: job 1 (data=organmnist3d): ")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -64,8 +65,8 @@ def test_a_sweeps_later_jobs_reuse_the_probes_of_an_equal_model():
 
 def test_the_start_up_probes_are_read_from_disk_by_a_later_process(monkeypatch, tmp_path):
     """A later process (its in-process caches empty) reads the FLOP count and the memory prediction that an earlier
-    one wrote; neither the seed nor the store a run logs to changes either. The counting functions are replaced by
-    ones that fail, to show that they are not called (the files are real)."""
+    one wrote; neither the seed, the store a run logs to nor where the data lives changes either. The counting
+    functions are replaced by ones that fail, to show that they are not called (the files are real)."""
     monkeypatch.setenv("MEDSWEEP_CACHE_DIR", str(tmp_path))
     seed0, seed1 = (
         OmegaConf.to_object(compose_config("model=resnet10", "data=synthetic", *extra))
@@ -81,6 +82,8 @@ def test_the_start_up_probes_are_read_from_disk_by_a_later_process(monkeypatch, 
     monkeypatch.setattr(flop_cache, "flops_per_sample", not_probed)
     monkeypatch.setattr(memory_cache, "predict", not_probed)
     assert counted_flops(seed1) == flops
+    assert counted_flops(dataclasses.replace(seed1, data=dataclasses.replace(seed1.data, root=str(tmp_path)))) == flops
+    assert len(json.loads((tmp_path / "flops_per_sample.json").read_text())) == 1
     assert predicted_memory_metrics(seed1, CPU)({"mem/peak_mb": 100.0}) == memory
     assert len(json.loads((tmp_path / "memory_predictions.json").read_text())) == 1
     with pytest.raises(AssertionError, match="probed again"):

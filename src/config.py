@@ -351,9 +351,15 @@ class FaultConfig:
 @dataclass
 class CheckpointConfig:
     """``keep=last``: the run's ``checkpoint.pt`` stays while the run is unfinished (resume needs it) and is deleted
-    when it ends FINISHED; ``always``: it stays after that too. ``best.pt`` (the tested weights) always stays."""
+    when it ends FINISHED; ``always``: it stays after that too. ``best.pt`` (the tested weights) always stays.
+    ``every_s``: an epoch is checkpointed once this many seconds have passed since the last checkpoint (0: every
+    epoch), the last epoch and a stopped step always; its metrics are logged after the checkpoint that holds them."""
 
     keep: CheckpointKeep = CheckpointKeep.last
+    every_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        within("checkpoint.every_s", self.every_s, 0)
 
 
 @dataclass

@@ -98,8 +98,8 @@ class MainReporter(Reporter):
             self.run.log_inputs(self.inputs)
 
     def resumed(self, trainer: Trainer) -> None:
-        if trainer.last_metrics:  # the checkpoint is written first: its epoch may not be logged yet
-            resume.log_missing(self.run, trainer.last_metrics, trainer.epoch - 1)
+        for epoch, metrics in trainer.maybe_unlogged:  # checkpointed before they were logged, maybe not logged
+            resume.log_missing(self.run, metrics, epoch)
         self.resumed_at_end = trainer.epoch == self.job.cfg.epochs
 
     def startup(self, clock: StartupClock, step: int) -> None:

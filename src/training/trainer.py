@@ -72,8 +72,9 @@ class Trainer:
     ``model`` is what trains (maybe compiled, maybe wrapped in DDP or DataParallel); ``raw_model`` the module
     underneath, which every rank checkpoints; ``evaluated`` the one the main rank validates, keeps as the best and
     tests: ``raw_model``, or with ``ema_decay`` its exponential moving average (weights and BatchNorm buffers,
-    updated after every optimizer step). With ``hooks.checkpoint_to`` each epoch is saved
-    with ``hooks.checkpoint_meta`` before its metrics are logged; a requested ``hooks.preemption`` saves the
+    updated after every optimizer step). With ``hooks.checkpoint_to`` an epoch is saved with
+    ``hooks.checkpoint_meta`` once ``checkpoint.every_s`` has passed since the last save, the last one always, and
+    epochs' metrics are logged only after a checkpoint that holds them; a requested ``hooks.preemption`` saves the
     exact step and raises :class:`Preempted`. :meth:`load_state_dict` continues from a checkpoint, bitwise as if
     never stopped on CPU.
     """
@@ -97,7 +98,10 @@ class Trainer:
         self.selection = Selection(cfg.select_by)
         self.best_state, self.best_epoch = None, 0  # the weights to test and the epochs trained then
         self.test_predictions: tuple[np.ndarray, np.ndarray] | None = None  # labels and scores of the test split
-        self.last_metrics: dict[str, float] | None = None  # the last finished epoch's
+        self.pending: list[tuple[int, dict[str, float]]] = []  # (epoch, metrics) of epochs not logged yet
+        self.maybe_unlogged: list[tuple[int, dict[str, float]]] = []  # a loaded checkpoint's: its caller checks
+        self._log_metrics: Callable[[dict[str, float], int], None] | None = None  # fit's, for a stop mid-epoch
+        self._saved_at = time.perf_counter()
         self.memory_peak: dict[str, float] = {}  # the run's peak memory before this epoch, over ranks and processes
         self.elapsed_s, self._start = 0.0, time.perf_counter()
         self.spent_s = {"time/validate_s": 0.0, "time/checkpoint_s": 0.0}  # the run's seconds validating, checkpointing
@@ -262,7 +266,7 @@ class Trainer:
             "loss": gather(self.loss_sum.item(), self.device),
             "correct": gather(self.correct.item(), self.device),
         }
-        self._save()
+        self._checkpoint_and_log()
         raise Preempted(
             f"stopped at epoch {epoch + 1} step {step}/{self.steps_per_epoch}"
             + (f", checkpoint {self.hooks.checkpoint_to}" if self.hooks.checkpoint_to else "")
@@ -345,11 +349,12 @@ class Trainer:
         """Train from :attr:`epoch` to ``epochs``, validating each; test the weights of the epoch ``select_by`` chose
         (:attr:`evaluated` holds them when ``log_tested``, default ``log_metrics``, logs the test metrics).
 
-        Each epoch is checkpointed before its metrics are logged, so a crash in between loses none (the
-        checkpoint holds them: see :attr:`last_metrics`). Only the main rank validates, tests, logs and
+        Epochs' metrics are logged after the checkpoint that holds them (:attr:`pending`): a crash in between loses
+        none, and one before it retrains those epochs, logged once. Only the main rank validates, tests, logs and
         returns metrics; the others return ``{}``.
         """
         self._start = time.perf_counter() - self.elapsed_s
+        self._saved_at, self._log_metrics = time.perf_counter(), log_metrics
         self.memory.start()
         for epoch in range(self.epoch, self.cfg.epochs):
             if self._patience_exhausted():
@@ -362,13 +367,14 @@ class Trainer:
                 metrics.update(self.evaluate("val"))
             if self.selection.improves(metrics, self.epoch, first=self.best_state is None):
                 self.best_state, self.best_epoch = copy.deepcopy(self.evaluated.state_dict()), self.epoch
-            self.last_metrics = metrics
-            with self._spent("time/checkpoint_s"):
-                self._save()
-            log_metrics(metrics, epoch)
+            self.pending.append((epoch, metrics))
             log.info("epoch %d/%d %s", epoch + 1, self.cfg.epochs, " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+            if self._checkpoint_due():
+                self._checkpoint_and_log()
         if not self.rank.is_main:
             return {}
+        if self.pending:  # the last epoch trained (or the one early stopping ended on)
+            self._checkpoint_and_log()
         self.evaluated.load_state_dict(self.best_state)
         test = self.evaluate("test")
         del test["test/loss"]
@@ -428,9 +434,21 @@ class Trainer:
         finally:
             self.spent_s[name] += time.perf_counter() - start
 
-    def _save(self) -> None:
-        if self.hooks.checkpoint_to is not None:
-            checkpoint.save({**self.hooks.checkpoint_meta, **self.state_dict()}, self.hooks.checkpoint_to)
+    def _checkpoint_due(self) -> bool:
+        """Whether ``checkpoint.every_s`` has passed since the last checkpoint (always when none is written)."""
+        elapsed = time.perf_counter() - self._saved_at
+        return self.hooks.checkpoint_to is None or elapsed >= self.cfg.checkpoint.every_s
+
+    def _checkpoint_and_log(self) -> None:
+        """Save the checkpoint, then log the epochs it holds that are not logged yet (the main rank)."""
+        with self._spent("time/checkpoint_s"):
+            if self.hooks.checkpoint_to is not None:
+                checkpoint.save({**self.hooks.checkpoint_meta, **self.state_dict()}, self.hooks.checkpoint_to)
+        self._saved_at = time.perf_counter()
+        if self.rank.is_main and self._log_metrics is not None:
+            for epoch, metrics in self.pending:
+                self._log_metrics(metrics, epoch)
+            self.pending = []
 
     def state_dict(self) -> dict[str, Any]:
         """Everything that carries over to the next step, as tensors and plain values (``weights_only`` safe)."""
@@ -447,7 +465,7 @@ class Trainer:
             "selection": self.selection.state_dict(),
             "best_state": self.best_state,
             "best_epoch": self.best_epoch,
-            "last_metrics": self.last_metrics,
+            "pending": self.pending,
             "memory_peak": {k: max(v, self.memory_peak.get(k, 0.0)) for k, v in self.memory.peak().items()},
             "timed": self.timed,
             "elapsed_s": time.perf_counter() - self._start,
@@ -472,7 +490,8 @@ class Trainer:
         self.selection.load_state_dict(state.get("selection", legacy))
         self.best_state = state["best_state"]
         self.best_epoch = state.get("best_epoch", self.epoch)  # checkpoints before early stopping lack it
-        self.last_metrics = state["last_metrics"]
+        legacy = [(self.epoch - 1, state["last_metrics"])] if state.get("last_metrics") else []  # before 2026-11-27
+        self.maybe_unlogged = [(epoch, metrics) for epoch, metrics in state.get("pending", legacy)]
         self.memory_peak = state.get("memory_peak", {})  # checkpoints before 2026-11-24 lack it
         self.timed = state.get("timed", [])
         self.elapsed_s = state["elapsed_s"]

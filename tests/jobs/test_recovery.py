@@ -193,7 +193,8 @@ def tmpfs(folder: Path, size: str):
 def test_a_full_output_disk_is_one_line_and_the_run_resumes_once_there_is_space(tmp_path, store, shared_data):
     """resnet10's checkpoint is ~230 MB: the first fits in 300 MB, the second (written beside it) does not."""
     with tmpfs(tmp_path / "disk", "300m") as disk:
-        args = [a for a in small_run(tmp_path, store, shared_data, "epochs=2") if not a.startswith("hydra.run")]
+        every_epoch = ("epochs=2", "checkpoint.every_s=0")
+        args = [a for a in small_run(tmp_path, store, shared_data, *every_epoch) if not a.startswith("hydra.run")]
         result = run_cli(*args, f"hydra.run.dir={disk}/run")
         (run,) = runs(store)
         assert one_error_line(result) == (

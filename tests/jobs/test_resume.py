@@ -31,7 +31,12 @@ from src.training.trainer import Hooks, Trainer
 from tests.helpers import RESULTS, ROOT, compose_config, graph_on_cpu, history, kill_group, run_cli, runs, small_run
 
 EPOCHS = 4
-RUN = (f"epochs={EPOCHS}", "skip_finished=false", "checkpoint.keep=always")  # train again; compare checkpoints
+RUN = (  # train again; compare checkpoints; stop runs after a given epoch's checkpoint
+    f"epochs={EPOCHS}",
+    "skip_finished=false",
+    "checkpoint.keep=always",
+    "checkpoint.every_s=0",
+)
 NOT_RESULTS = ("perf/", "mem/", "time/")  # measurements of the process, not results
 FINAL = (  # logged once, at step `epochs`
     "test/",
@@ -156,6 +161,30 @@ def trainer(shared_data, folder: Path, *overrides: str, preemption: Preemption |
     )
     made = Trainer(cfg, bn_net(), loaders, cpu, Rank(), hooks)
     return graph_on_cpu(made) if graphed else made
+
+
+@pytest.mark.parametrize("every_s,saved_at", [(0, [1, 2, 3]), (3600, [3, 3, 3])])
+def test_an_epochs_metrics_are_logged_only_after_a_checkpoint_that_holds_it(tmp_path, shared_data, every_s, saved_at):
+    """``checkpoint.every_s=0`` saves every epoch; a longer interval than the run saves once, after its last epoch,
+    and logs every epoch then. Each log reads the checkpoint on disk at that moment."""
+    logged = []
+
+    def log(metrics, step):
+        logged.append((step, torch.load(tmp_path / checkpoint.FILE, weights_only=True)["epoch"]))
+
+    trainer(shared_data, tmp_path, f"checkpoint.every_s={every_s}").fit(log)
+    assert logged[:-1] == list(zip([0, 1, 2], saved_at, strict=True)) and logged[-1] == (3, 3)  # then the test
+
+
+def test_a_crash_between_checkpoints_logs_none_of_the_epochs_it_retrains(tmp_path, shared_data):
+    """A real out-of-memory error in epoch 3 (``fault.oom_step``), no checkpoint written yet: resumed, the run would
+    train from its last checkpoint (none: from the start), so nothing was logged."""
+    logged = []
+    with pytest.raises(torch.OutOfMemoryError):
+        trainer(shared_data, tmp_path, "checkpoint.every_s=3600", "fault.oom_step=7").fit(
+            lambda metrics, step: logged.append(step)
+        )
+    assert logged == [] and not (tmp_path / checkpoint.FILE).exists()
 
 
 @pytest.mark.parametrize("switch", ["aug=none", "aug=standard", "ema_decay=0.9", "graphed"])

@@ -490,8 +490,8 @@ class Trainer:
         self.selection.load_state_dict(state.get("selection", legacy))
         self.best_state = state["best_state"]
         self.best_epoch = state.get("best_epoch", self.epoch)  # checkpoints before early stopping lack it
-        legacy = [(self.epoch - 1, state["last_metrics"])] if state.get("last_metrics") else []  # before 2026-11-27
-        self.maybe_unlogged = [(epoch, metrics) for epoch, metrics in state.get("pending", legacy)]
+        last = [(self.epoch - 1, state["last_metrics"])] if state.get("last_metrics") else []  # before 2026-11-27
+        self.maybe_unlogged = [(epoch, metrics) for epoch, metrics in state.get("pending", last)]
         self.memory_peak = state.get("memory_peak", {})  # checkpoints before 2026-11-24 lack it
         self.timed = state.get("timed", [])
         self.elapsed_s = state["elapsed_s"]

@@ -176,6 +176,17 @@ def test_an_epochs_metrics_are_logged_only_after_a_checkpoint_that_holds_it(tmp_
     assert logged[:-1] == list(zip([0, 1, 2], saved_at, strict=True)) and logged[-1] == (3, 3)  # then the test
 
 
+def test_a_checkpoint_from_before_2026_11_27_hands_its_last_epochs_metrics_to_check(tmp_path, shared_data):
+    """Such a checkpoint holds ``last_metrics`` (the epoch before ``epoch``), not the list of epochs ``pending``."""
+    run = trainer(shared_data, tmp_path, "epochs=2")
+    run.fit(lambda metrics, step: None)
+    state = torch.load(tmp_path / checkpoint.FILE, weights_only=True)
+    assert [epoch for epoch, _ in state.pop("pending")] == [0, 1]  # one checkpoint, written before both were logged
+    old = trainer(shared_data, tmp_path, "epochs=2")
+    old.load_state_dict({**state, "last_metrics": {"val/auc": 0.5}})
+    assert old.maybe_unlogged == [(1, {"val/auc": 0.5})]
+
+
 def test_a_crash_between_checkpoints_logs_none_of_the_epochs_it_retrains(tmp_path, shared_data):
     """A real out-of-memory error in epoch 3 (``fault.oom_step``), no checkpoint written yet: resumed, the run would
     train from its last checkpoint (none: from the start), so nothing was logged."""

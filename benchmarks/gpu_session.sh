@@ -13,7 +13,7 @@
 #            (experiment `startup`): time/startup_s alone
 # A phase is skipped once less than its floor is left of GPU_SESSION_BUDGET_S (default 540). Everything goes to
 # $GPU_SESSION_DIR (default /tmp/gpu_session); $OUT gets targets.md (benchmarks/gpu_targets.py), wall.tsv and
-# session.tar.gz (logs, JSON, stores and reports; no weights; refreshed after each phase, so a call cut short brings
+# gpu_results.tar.gz (logs, JSON, stores and reports; no weights; refreshed after each phase, so a call cut short brings
 # back what it measured: `python -m benchmarks.gpu_targets <unpacked folder>` reads it anywhere).
 # GPU_SESSION_OVERRIDES (space separated) go to every medsweep command: `device=cpu epochs=1 limit_batches=2` checks
 # the script's plumbing on a CPU (tests/test_gpu_benchmarks.py).
@@ -56,9 +56,9 @@ timed() {  # name, command...: under the phase's cap and what is left of the bud
 }
 bundle() {  # the folder into $OUT, after each phase: a call cut short still brings back what it measured
   cp "$dir/wall.tsv" "$out/" 2>/dev/null
-  tar -czf "$out/session.tar.gz" -C "$dir" --exclude='*.pt' --exclude='*.pth' --exclude='.mps' .
-  [ "$(stat -c %s "$out/session.tar.gz")" -le $((16 << 20)) ] ||  # the tool brings back files of 16 MiB at most
-    tar -czf "$out/session.tar.gz" -C "$dir" --exclude='*.pt' --exclude='*.pth' --exclude='.mps' --exclude=mlartifacts .
+  tar -czf "$out/gpu_results.tar.gz" -C "$dir" --exclude='*.pt' --exclude='*.pth' --exclude='.mps' .
+  [ "$(stat -c %s "$out/gpu_results.tar.gz")" -le $((16 << 20)) ] ||  # the tool brings back files of 16 MiB at most
+    tar -czf "$out/gpu_results.tar.gz" -C "$dir" --exclude='*.pt' --exclude='*.pth' --exclude='.mps' --exclude=mlartifacts .
 }
 sweep() {  # phase, overrides...: a medsweep sweep into the phase's own store and folder, then its report
   local name=$1
@@ -96,4 +96,4 @@ $python -m benchmarks.gpu_targets "$dir" >"$dir/targets.md" 2>&1
 cat "$dir/targets.md"
 cp "$dir/targets.md" "$out/"
 bundle
-echo "session: $((SECONDS - started)) s; $(du -h "$out/session.tar.gz" | cut -f1) in session.tar.gz"
+echo "session: $((SECONDS - started)) s; $(du -h "$out/gpu_results.tar.gz" | cut -f1) in gpu_results.tar.gz"

@@ -115,13 +115,13 @@ def test_the_session_script_on_the_cpu_runs_its_phases_and_brings_back_their_fil
     assert result.returncode == 0, result.stdout + result.stderr
     walls = [line.split("\t") for line in (out / "wall.tsv").read_text().splitlines()]
     assert [(name, status) for name, _, status in walls] == [("main", "0"), ("startup", "0")]
-    assert sorted(p.name for p in out.iterdir()) == ["session.tar.gz", "targets.md", "wall.tsv"]
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_results.tar.gz", "targets.md", "wall.tsv"]
     targets = (out / "targets.md").read_text()
     (row,) = [line for line in targets.splitlines() if line.startswith("| fresh process start-up")]
     assert "s, one job alone (" in row and "probes 0.0" in row
     parts = [line for line in targets.splitlines() if line.startswith("| main | resnet10 |")]
     assert [line.split(" | ")[2] for line in parts] == ["False", "True"]
-    with tarfile.open(out / "session.tar.gz") as bundle:
+    with tarfile.open(out / "gpu_results.tar.gz") as bundle:
         names = bundle.getnames()
     assert {"./main/mlflow.db", "./main/report/effects.csv", "./startup.log"} <= set(names)
     assert not [name for name in names if name.endswith((".pt", ".pth"))]

@@ -1,7 +1,8 @@
 """``dry_run=true``: what each job would do, one line per job on stdout, then a total; nothing trains, nothing is
 logged, the MLflow store is left as it is (a missing SQLite database is not created). Each line gives the job's
-action, predicted peak and estimated minutes, from finished runs or a timed step; with ``-m``, :class:`DryRunTotal`
-prints the total at the sweep's end. Line format and estimate: docs/sweeps.md.
+action, predicted peak and estimated minutes, from finished runs or a timed step; with ``-m``,
+:class:`src.jobs.dry_run_total.DryRunTotal` prints the total at the sweep's end. Line format and estimate:
+docs/sweeps.md.
 """
 
 from __future__ import annotations
@@ -12,21 +13,18 @@ import json
 import math
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 from hydra.core.hydra_config import HydraConfig
-from hydra.experimental.callback import Callback
 from mlflow.entities import Run
-from omegaconf import DictConfig
 
 from src.atomic import atomic_path
 from src.config import Config, FaultConfig, ParallelMode
 from src.data import check_file, split_sizes
+from src.jobs.dry_run_total import FOLDER, JobEstimate, rounded, total
 from src.jobs.plan import Plan, resolve_batch
 from src.jobs.resume import Resume
 from src.parallel import dist
@@ -76,29 +74,6 @@ NOT_SPEED = (  # params that do not change the time per sample (device and threa
     "device",
     "num_threads",
 )
-FOLDER = "dry_run"  # in the sweep folder: one <job>.json per job
-
-
-@dataclasses.dataclass(frozen=True)
-class JobEstimate:
-    """One job of a dry run: ``action`` is ``run``, ``resume run <id>`` or ``skip: finished run <id>``; ``estimate``
-    the line's text for its ``minutes`` (``0 min`` for a skip)."""
-
-    job: int
-    name: str
-    action: str
-    batch_size: int
-    peak_mb: float
-    minutes: float
-    estimate: str
-
-    @property
-    def runs(self) -> bool:
-        return not self.action.startswith("skip")
-
-    def line(self) -> str:
-        peak = f"peak {self.peak_mb:.0f} MiB at batch {self.batch_size}"
-        return f"job {self.job}: {self.name} | {self.action} | {peak} | {self.estimate}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,20 +95,6 @@ class Rate:
             return f"~{rounded(minutes)} min ({self.basis})"
         low, high = (rounded(minutes * self.per_s / rate) for rate in (max(self.runs), min(self.runs)))
         return f"~{rounded(minutes)} min ({self.basis}, {low}-{high})"
-
-
-def rounded(minutes: float) -> str:
-    return f"{minutes:.0f}" if minutes >= 10 else f"{minutes:.2g}"
-
-
-def total(listed: list[JobEstimate]) -> str:
-    """The total line: jobs to run and to skip, their estimated minutes, the largest predicted peak of those to run."""
-    running = [job for job in listed if job.runs]
-    peak = max((job.peak_mb for job in running), default=0.0)
-    return (
-        f"total: {len(running)} to run, {len(listed) - len(running)} to skip | "
-        f"~{rounded(sum(job.minutes for job in running))} min | largest peak {peak:.0f} MiB"
-    )
 
 
 def report(plan: Plan, external: dist.Rank | None) -> float:
@@ -251,32 +212,3 @@ def job_seconds(cfg: Config, world: int, rate: float, resume: Resume | None = No
 
     evaluated_samples = (cfg.epochs - done_epochs) * evaluated("val") + evaluated("test")
     return trained / rate + EVAL_COST * evaluated_samples / (rate / world if ddp else rate)
-
-
-def folder(config: DictConfig) -> Path:
-    return Path(config.hydra.sweep.dir, FOLDER)
-
-
-class DryRunTotal(Callback):
-    """Hydra callback: a dry multirun's total line, from the figures its jobs left in ``<sweep dir>/dry_run/``
-    (those of an earlier dry run in the same folder are removed first). Only a sweep whose jobs are known before any
-    runs can be listed: Hydra's basic sweeper's; a sweeper that picks each trial from the results before it (Optuna)
-    is refused before anything starts."""
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if not config.dry_run:
-            return
-        if not (sweeper := config.hydra.sweeper._target_).endswith(".BasicSweeper"):
-            print(
-                f"error: dry_run=true lists the jobs of a grid sweep, known before any runs; {sweeper} picks each "
-                f"trial from the results of those before it: drop dry_run (finished trials are skipped)",
-                file=sys.stderr,
-            )
-            sys.exit(2)
-        for stale in folder(config).glob("*.json"):
-            stale.unlink()
-
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if config.dry_run:
-            files = sorted(folder(config).glob("*.json"), key=lambda path: int(path.stem))
-            print(total([JobEstimate(**json.loads(path.read_text())) for path in files]), flush=True)

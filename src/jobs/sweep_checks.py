@@ -1,28 +1,25 @@
-"""Every job of a sweep checked before the first starts, whatever the launcher: each job planned as it will plan
-itself (its config, keys, resume, rerun, skip), its data checked (and downloaded or generated, once, in the sweep's
-main process), its split sizes, and the launcher's counts. Hydra's basic sweeper knows its jobs in advance; a sweeper
-that picks each trial from the results before it (Optuna) has its fixed config checked."""
+"""A sweep's configs, checked before MLflow and the jobs' code load (Hydra loads the sweep's callback for every
+command): the launcher's counts, and each job's composed config against the schema (its keys and values, as a single
+run's are checked), so a wrong key or value is one ``error:`` line. Hydra's basic sweeper knows its jobs in advance; a
+sweeper that picks each trial from the results before it (Optuna) has its fixed config checked. What needs the
+machine, the store or the data comes next, in :mod:`src.jobs.sweep_main`."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import logging
+import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import torch
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from src.data import check_file, ensure_file
+from src.cli import check_values
 from src.errors import UsageError
-from src.jobs.plan import plan_job, resolve_batch
-from src.parallel.ranks import job_world
-from src.resolve import check_split_sizes
 from src.schema_check import check_known_keys, composition_error
 
 LAUNCHER_MINIMA = {  # the launchers' counts (joblib, submitit) and their least value; n_jobs=-1: one job per CPU
@@ -51,42 +48,6 @@ def sweep_jobs(config: DictConfig) -> list[list[str]]:
     return jobs
 
 
-def check_jobs(config: DictConfig, dry: bool) -> None:
-    """Plan every job as it will plan itself (its config, keys, resume, rerun, skip) and check its data, downloading
-    or generating it unless ``dry``: a :class:`UsageError` naming the job before any job starts."""
-    check_launcher(config)
-    loader = GlobalHydra.instance().config_loader()
-    jobs = sweep_jobs(config)
-    for num, overrides in enumerate(jobs):
-        name = " ".join(o for o in overrides if any(o not in other for other in jobs)) or " ".join(overrides)
-        try:
-            job = loader.load_sweep_config(config, overrides)
-            with open_dict(job):
-                job.hydra.job.num, job.hydra.job.id = num, f"{job.hydra.job.name}_{num}"
-                job.hydra.runtime.output_dir = str(Path(job.hydra.sweep.dir, str(job.hydra.sweep.subdir)).resolve())
-            task = copy.deepcopy(job)
-            with open_dict(task):
-                del task["hydra"]
-            check_known_keys(task, overrides)
-            check_job(task, job.hydra, dry)
-        except UsageError as err:
-            raise UsageError(f"job {num} ({name}): {err}") from None
-        except HydraException as err:
-            raise UsageError(f"job {num} ({name}): {composition_error(err, overrides)}") from None
-
-
-def check_job(task: DictConfig, hydra_cfg: DictConfig, dry: bool) -> None:
-    with quiet():
-        plan = plan_job(task, hydra_cfg)
-    if plan.finished or plan.busy:
-        return
-    (check_file if dry else ensure_file)(plan.cfg.data)
-    if plan.cfg.batch_size != "auto" or plan.resume:  # auto: the job's probe checks it
-        gpus = tuple(range(torch.cuda.device_count())) if plan.device.type == "cuda" else ()
-        world = job_world(plan.cfg, gpus)
-        check_split_sizes(resolve_batch(plan, world, probe=False)[0], world)
-
-
 def check_launcher(config: DictConfig) -> None:
     """The launcher's counts (``hydra.launcher.n_jobs`` ...) within their ranges."""
     for key, least in LAUNCHER_MINIMA.items():
@@ -99,12 +60,51 @@ def check_launcher(config: DictConfig) -> None:
 
 
 @contextlib.contextmanager
-def quiet() -> Any:
-    """Planning a job's check logs only errors: the job logs its plan when it runs."""
-    jobs = logging.getLogger("src.jobs")
-    before = jobs.level
-    jobs.setLevel(logging.ERROR)
+def job_errors(num: int, name: str, overrides: list[str]) -> Iterator[None]:
+    """A :class:`UsageError` or Hydra error inside as one :class:`UsageError` naming job ``num``."""
     try:
         yield
-    finally:
-        jobs.setLevel(before)
+    except UsageError as err:
+        raise UsageError(f"job {num} ({name}): {err}") from None
+    except HydraException as err:
+        raise UsageError(f"job {num} ({name}): {composition_error(err, overrides)}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepJob:
+    """One job of a sweep: its number, its name in messages (the overrides that set it apart), its composed config
+    without ``hydra`` (``task``) and its Hydra config."""
+
+    num: int
+    name: str
+    overrides: list[str]
+    task: DictConfig
+    hydra: DictConfig
+
+    def named(self) -> contextlib.AbstractContextManager[None]:
+        return job_errors(self.num, self.name, self.overrides)
+
+
+def checked_jobs(config: DictConfig) -> list[SweepJob]:
+    """Every job of the sweep composed as Hydra will compose it, its keys and values checked: the first failure as a
+    :class:`UsageError` naming the job."""
+    check_known_keys(config, config.hydra.overrides.task)
+    check_launcher(config)
+    loader = GlobalHydra.instance().config_loader()
+    overrides_of = sweep_jobs(config)
+    jobs = []
+    for num, overrides in enumerate(overrides_of):
+        name = " ".join(o for o in overrides if any(o not in other for other in overrides_of)) or " ".join(overrides)
+        with job_errors(num, name, overrides):
+            composed = loader.load_sweep_config(config, overrides)
+            with open_dict(composed):
+                composed.hydra.job.num, composed.hydra.job.id = num, f"{composed.hydra.job.name}_{num}"
+                sweep = composed.hydra.sweep
+                composed.hydra.runtime.output_dir = str(Path(sweep.dir, str(sweep.subdir)).resolve())
+            task = copy.deepcopy(composed)
+            with open_dict(task):
+                del task["hydra"]
+            check_known_keys(task, overrides)
+            check_values(task)
+        jobs.append(SweepJob(num, name, overrides, task, composed.hydra))
+    return jobs

@@ -17,7 +17,8 @@ import mlflow
 import pytest
 import torch
 
-from src.jobs.dry_run import Rate, job_seconds, rounded
+from src.jobs.dry_run import Rate, job_seconds
+from src.jobs.dry_run_total import rounded
 from src.jobs.resume import Resume
 from src.perf import memory_cache, step_timing
 from src.perf.autobatch import CPU_HEADROOM

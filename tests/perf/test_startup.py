@@ -27,13 +27,16 @@ def test_a_fresh_process_counts_from_its_start_and_a_later_job_from_the_previous
     startup.entry_imported()
     imported = startup._entry_imported
     with startup.job_clock() as first:
+        hydra = first.phases["hydra"]
+        first.imported()  # the job's own imports, once its config is checked: more of the process's imports
         first.mark("config")
     ended = startup._previous_job_end
     with startup.job_clock() as second:
+        second.imported()  # loaded already: part of the time between the jobs
         second.mark("config")
     assert list(first.phases) == ["imports", "hydra", "config"] and list(second.phases) == ["between_jobs", "config"]
     assert first.origin == pytest.approx(startup.process_start()) and first.origin < ended
-    assert first.phases["imports"] == pytest.approx(imported - first.origin)
+    assert first.phases["imports"] > imported - first.origin and first.phases["hydra"] == hydra
     assert second.origin == ended
     metrics = second.metrics()
     assert metrics["time/startup_s"] == pytest.approx(sum(second.phases.values()))
@@ -88,6 +91,35 @@ def test_the_start_up_probes_are_read_from_disk_by_a_later_process(monkeypatch, 
     assert len(json.loads((tmp_path / "memory_predictions.json").read_text())) == 1
     with pytest.raises(AssertionError, match="probed again"):
         counted_flops(OmegaConf.to_object(compose_config("model=resnet18", "data=synthetic")))
+
+
+LR = "optim.lr=-1.0 must be >= 0 (0 freezes the weights)"
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "line"),
+    [
+        ("src.train", ["optim.lr=-1"], LR),
+        ("src.train", ["-m", "optim.lr=-1"], f"job 0 (optim.lr=-1): {LR}"),
+        ("src.report", ["margin=-0.1"], "margin=-0.1 must be in [0, 1] (an AUC difference)"),
+    ],
+    ids=["train", "train-multirun", "report"],
+)
+def test_a_bad_value_is_refused_before_mlflow_and_the_commands_code_are_imported(tmp_path, module, args, line):
+    """The one ``error:`` line comes before MLflow and the command's own code load (2026-11-27: 2.5 s less for
+    ``src.train``, 3.5 s for ``src.report``)."""
+    argv = [module, *args, f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep"]
+    loaded = ("mlflow", "src.jobs.plan", "src.jobs.job", "src.report.writer")
+    code = f"""
+import atexit, runpy, sys
+atexit.register(lambda: print(sorted(m for m in {loaded!r} if m in sys.modules)))
+sys.argv = {argv!r}
+runpy.run_module({module!r}, run_name="__main__")
+"""
+    result = run_process([sys.executable, "-c", code])
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [f"error: {line}"]
+    assert result.stdout.splitlines()[-1] == "[]"
 
 
 def test_a_jobs_start_up_path_imports_neither_scikit_learn_nor_medmnists_package():

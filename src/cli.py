@@ -9,6 +9,7 @@ import functools
 import os
 import signal
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,9 @@ FULL_ERROR = "HYDRA_FULL_ERROR"  # "1": Hydra raises its errors instead of print
 def command(config_name: str, zoo: bool = True) -> Callable[[Callable[[DictConfig], Any]], Callable[[], Any]]:
     """``@command("report", zoo=False)`` makes ``fn(cfg)`` a Hydra app (``zoo``: :func:`src.config.register`'s)."""
     register(zoo)
+    warnings.filterwarnings(  # what conf/hydra/launcher/<plugin>.yaml wants: a wrong key in it fails; no 4-line notice
+        "ignore", r"\s*'hydra/launcher/[^']+' is validated against ConfigStore schema with the same name", UserWarning
+    )
 
     def decorate(fn: Callable[[DictConfig], Any]) -> Callable[[], Any]:
         @hydra.main(config_path=CONF_DIR, config_name=config_name, version_base="1.3")

@@ -118,6 +118,7 @@ def test_a_bad_job_anywhere_in_a_sweep_stops_it_before_any_job_and_any_run(
     """Under joblib a bad job used to fail beside a job already training, killing it and leaving it RUNNING."""
     result = run_cli("-m", *JOBLIB, *small_run(tmp_path, store, shared_data, *overrides))
     assert one_error_line(result).startswith(error)
+    assert len(result.stderr.strip().splitlines()) == 1  # not Hydra's notice that the launcher's file is validated
     assert runs(store) == [] and not (tmp_path / "sweep" / "0").exists()
 
 

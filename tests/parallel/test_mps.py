@@ -13,6 +13,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -81,8 +83,15 @@ def recorded(calls: Path) -> list[dict]:
     return [json.loads(line) for line in calls.read_text().splitlines()] if calls.exists() else []
 
 
-def test_a_daemon_starts_for_the_sweep_and_stops_at_its_end(calls, tmp_path, caplog):
-    folder = tmp_path / "sweep" / ".mps"
+@pytest.fixture
+def short_folder() -> Iterator[Path]:
+    """A temp folder whose path leaves a socket's name room (a test's ``tmp_path`` under ``pytest -n`` may not)."""
+    with tempfile.TemporaryDirectory(prefix="mps-", dir="/tmp") as folder:
+        yield Path(folder)
+
+
+def test_a_daemon_starts_for_the_sweep_and_stops_at_its_end(calls, short_folder, caplog):
+    folder = short_folder / "sweep" / ".mps"
     pipe, log = str(folder / "pipe"), str(folder / "log")
     with caplog.at_level(logging.INFO, "src.parallel.mps"), mps.shared(Sharing(auto, 4, 1, start), folder):
         assert recorded(calls) == [{"argv": ["-d"], "stdin": "", "pipe": pipe, "log": log}]
@@ -165,17 +174,17 @@ main()
 
 @pytest.mark.slow
 def test_a_sweep_sharing_a_gpu_starts_the_daemon_tags_its_jobs_and_stops_it_when_stopped(
-    calls, tmp_path, store, shared_data
+    calls, short_folder, store, shared_data
 ):
     """A real joblib sweep whose main process counts one GPU (patched: no GPU here) and whose jobs train on the
     CPU: the stand-in daemon starts before the jobs, they inherit its pipe folder and tag their runs, and it is
     stopped at the end of a sweep a job's SIGTERM stopped."""
-    script = tmp_path / "one_gpu.py"
+    script = short_folder / "one_gpu.py"
     script.write_text(ONE_GPU)
-    overrides = small_run(tmp_path, store, shared_data, "device=auto", "fault.term_step=1,null", *JOBLIB)
+    overrides = small_run(short_folder, store, shared_data, "device=auto", "fault.term_step=1,null", *JOBLIB)
     result = run_process([sys.executable, str(script), "-m", *overrides], timeout=600)
     assert result.returncode == 143, result.stderr[-3000:]
-    pipe = str(tmp_path / "sweep" / ".mps" / "pipe")
+    pipe = str(short_folder / "sweep" / ".mps" / "pipe")
     assert [(call["argv"], call["stdin"], call["pipe"]) for call in recorded(calls)] == [
         (["-d"], "", pipe),
         ([], "quit\n", pipe),

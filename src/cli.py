@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from src.config import register
-from src.errors import UsageError
+from src.errors import UsageError, exit_with
 from src.schema_check import check_known_keys, composition_error
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -44,8 +44,7 @@ def command(config_name: str, zoo: bool = True) -> Callable[[Callable[[DictConfi
                 check_values(cfg)
                 return fn(cfg)
             except UsageError as err:
-                print(f"error: {err}", file=sys.stderr)
-                sys.exit(2)
+                exit_with(err)
 
         return reporting_composition_errors(main)
 

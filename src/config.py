@@ -24,6 +24,8 @@ NIFTI = "nifti"  # data=nifti: a folder of volumes and a labels CSV (src/volumes
 NIFTI_SIZES = (16, 256)  # the cube sides data=nifti crops or pads to (MedMNIST's files are 28^3 or 64^3)
 URL = re.compile(r"https?://[^/\s]+\S*|file://\S+")
 SEED_MAX = 2**32 - 1  # NumPy's seed range is [0, 2**32 - 1]
+THREADS_MAX = 1024  # CPU threads of a process: past any one machine's cores; libgomp fails far above
+WORKERS_MAX = 64  # DataLoader worker processes of a rank
 
 
 def within(
@@ -214,7 +216,7 @@ class DataConfig:
         within("data.num_classes", self.num_classes, 2)
         if self.task not in TASKS:
             raise ValueError(f"data.task={self.task} is not a task the trainer supports: use one of {', '.join(TASKS)}")
-        within("data.num_workers", self.num_workers, 0)
+        within("data.num_workers", self.num_workers, 0, WORKERS_MAX, "[]", fix=" (worker processes per rank)")
         sizes = "the train, val and test sizes, e.g. [256,64,64]"
         within_each("data.synthetic_samples", self.synthetic_samples, 1, count=3, what=sizes)
         self.check_volume_keys()
@@ -447,8 +449,9 @@ class Config:
             raise ValueError(f"objective={self.objective} is not a job result: use one of {', '.join(OBJECTIVES)}")
         for key in (() if named else ("batch_size",)) + ("accumulate", "epochs", "log_every"):
             within(key, getattr(self, key), 1)
-        for key in ("limit_batches", "num_threads", "effective_batch_size", "early_stop_patience"):
+        for key in ("limit_batches", "effective_batch_size", "early_stop_patience"):
             within(key, getattr(self, key), 1, null=True)
+        within("num_threads", self.num_threads, 1, THREADS_MAX, "[]", null=True)
         within("mem_budget_mb", self.mem_budget_mb, 0, ends="()", null=True)
         within("seed", self.seed, 0, SEED_MAX, "[]")
         within("label_smoothing", self.label_smoothing, 0, 1)

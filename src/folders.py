@@ -9,10 +9,15 @@ import fcntl
 import itertools
 import logging
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from src.errors import UsageError
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from src.errors import UsageError, exit_with
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +37,33 @@ def fresh(path: str) -> str:
         except FileExistsError:
             continue
         return str(candidate)
+
+
+def writable(folder: Path, key: str) -> None:
+    """A :class:`UsageError` where this process cannot create ``folder`` (``key``'s value) and write in it: tried,
+    then the folders the try made are removed."""
+    made = list(itertools.takewhile(lambda path: not path.exists(), (folder, *folder.parents)))  # deepest first
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as err:
+        fix = "give a folder this process can write"
+        raise UsageError(f"{key}={folder} cannot be written ({err.strerror or err}): {fix}") from None
+    finally:
+        for path in made:
+            with contextlib.suppress(OSError):
+                path.rmdir()
+
+
+class RunFolder(Callback):
+    """Hydra callback: a run's folder (``hydra.run.dir``) it cannot write is one ``error:`` line before Hydra makes
+    it (a sweep's folder: :class:`src.jobs.sweep.Sweep`)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            writable(Path(config.hydra.run.dir), "hydra.run.dir")
+        except UsageError as err:
+            exit_with(err)
 
 
 @contextlib.contextmanager

@@ -356,7 +356,8 @@ BAD_VALUES = [
     ("epochs=0", "epochs=0 must be >= 1"),
     ("log_every=0", "log_every=0 must be >= 1"),
     ("limit_batches=0", "limit_batches=0 must be >= 1 or null"),
-    ("num_threads=0", "num_threads=0 must be >= 1 or null"),
+    ("num_threads=0", "num_threads=0 must be in [1, 1024] or null"),
+    ("num_threads=100000", "num_threads=100000 must be in [1, 1024] or null"),  # libgomp: a segfault mid-run
     ("early_stop_patience=0", "early_stop_patience=0 must be >= 1 or null"),
     ("mem_budget_mb=0", "mem_budget_mb=0.0 must be > 0 or null"),
     ("seed=-1", "seed=-1 must be in [0, 4294967295]"),
@@ -377,7 +378,8 @@ BAD_VALUES = [
         "data.task=multi-label",
         "data.task=multi-label is not a task the trainer supports: use one of binary-class, multi-class",
     ),
-    ("data.num_workers=-1", "data.num_workers=-1 must be >= 0"),
+    ("data.num_workers=-1", "data.num_workers=-1 must be in [0, 64] (worker processes per rank)"),
+    ("data.num_workers=100000", "data.num_workers=100000 must be in [0, 64] (worker processes per rank)"),
     (
         "data.synthetic_samples=[256,64]",
         "data.synthetic_samples=[256, 64] must be 3 values: the train, val and test sizes, e.g. [256,64,64]",

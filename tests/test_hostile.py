@@ -75,6 +75,8 @@ CASES = {  # name: (module, overrides as one string); {tmp}, {store} and {data} 
         "-m seed=0,1 data=organmnist3d data.root={tmp} data.download=true data.url=http://127.0.0.1:9/o",
     ),
     "resume of a truncated checkpoint": ("src.train", "resume={tmp}/truncated"),
+    "threads past any machine": ("src.train", "num_threads=100000"),
+    "a process per worker past any machine": ("src.train", "data.loader=dataloader data.num_workers=100000"),
 }
 
 

@@ -17,14 +17,14 @@ import json
 import logging
 import os
 import signal
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from src.errors import UsageError
+from src.errors import UsageError, exit_with
+from src.folders import writable
 from src.jobs.sweep_checks import checked_jobs
 from src.parallel.preemption import exit_code
 from src.tracking.identity import run_name
@@ -88,13 +88,14 @@ class Sweep(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
+            sweep_dir = Path(config.hydra.sweep.dir)  # claimed once: the jobs' compositions copy the resolver's cache
             jobs = checked_jobs(config)
+            writable(sweep_dir, "hydra.sweep.dir")
             from src.jobs.sweep_main import open_sweep  # MLflow, the plans: once every job's config passed its checks
 
             self.main = open_sweep(config, jobs)
         except UsageError as err:
-            print(f"error: {err}", file=sys.stderr)
-            sys.exit(2)
+            exit_with(err)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if self.main is not None:

@@ -82,6 +82,7 @@ def test_two_sweeps_started_in_the_same_second_keep_their_own_folders_runs_and_w
     assert len(parents) == 2 and {p.info.status for p in parents} == {"FINISHED"}
     folders = {p.data.tags["sweep_dir"] for p in parents}
     assert len(folders) == 2
+    assert {str(f.resolve()) for f in (tmp_path / "cwd" / "sweeps").glob("*/*")} == folders  # and no other
     for parent in parents:
         children = [r for r in jobs if r.data.tags["mlflow.parentRunId"] == parent.info.run_id]
         assert len(children) == 2 and {r.info.status for r in children} == {"FINISHED"}
@@ -96,6 +97,19 @@ def test_a_sweep_folder_in_use_is_refused_in_one_line_before_any_run(tmp_path, s
         result = run_cli("-m", *small_run(tmp_path, store, shared_data, "seed=0,1"))
     line = one_error_line(result)
     assert line.startswith(f"error: {tmp_path / 'sweep'} is in use by another sweep (pid {os.getpid()}): wait for it")
+    assert runs(store) == []
+
+
+@pytest.mark.parametrize("flag,key", [((), "hydra.run.dir"), (("-m",), "hydra.sweep.dir")], ids=["run", "sweep"])
+def test_an_output_folder_that_cannot_be_written_is_one_line_before_any_run(tmp_path, store, shared_data, flag, key):
+    (tmp_path / "a-file").touch()
+    folder = tmp_path / "a-file" / "outputs"
+    sweep = ["seed=0,1"] if flag else []
+    args = [a for a in small_run(tmp_path, store, shared_data, *sweep) if not a.startswith(key)]
+    result = run_cli(*flag, *args, f"{key}={folder}")
+    assert one_error_line(result) == (
+        f"error: {key}={folder} cannot be written (Not a directory): give a folder this process can write"
+    )
     assert runs(store) == []
 
 

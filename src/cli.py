@@ -75,8 +75,7 @@ def reporting_composition_errors(hydra_main: Callable[..., Any]) -> Callable[...
         try:
             return hydra_main(*args)
         except (ConfigCompositionException, OverrideParseException) as err:
-            print(f"error: {composition_error(err, sys.argv[1:])}", file=sys.stderr)
-            sys.exit(2)
+            exit_with(UsageError(composition_error(err, sys.argv[1:])))
         except KeyboardInterrupt:  # Ctrl-C outside a job (a job turns it into a checkpoint and exit 130 itself)
             print("stopped (Ctrl-C)", file=sys.stderr)
             sys.exit(128 + signal.SIGINT)

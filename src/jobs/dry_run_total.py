@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
+
+from src.errors import UsageError, exit_with
 
 FOLDER = "dry_run"  # in the sweep folder: one <job>.json per job
 
@@ -65,12 +66,12 @@ class DryRunTotal(Callback):
         if not config.dry_run:
             return
         if not (sweeper := config.hydra.sweeper._target_).endswith(".BasicSweeper"):
-            print(
-                f"error: dry_run=true lists the jobs of a grid sweep, known before any runs; {sweeper} picks each "
-                f"trial from the results of those before it: drop dry_run (finished trials are skipped)",
-                file=sys.stderr,
+            exit_with(
+                UsageError(
+                    f"dry_run=true lists the jobs of a grid sweep, known before any runs; {sweeper} picks each trial "
+                    f"from the results of those before it: drop dry_run (finished trials are skipped)"
+                )
             )
-            sys.exit(2)
         for stale in folder(config).glob("*.json"):
             stale.unlink()
 

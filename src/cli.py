@@ -22,6 +22,7 @@ from omegaconf.errors import MissingMandatoryValue
 
 from src.config import register
 from src.errors import UsageError, exit_with
+from src.folders import release
 from src.schema_check import check_known_keys, composition_error
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -44,6 +45,7 @@ def command(config_name: str, zoo: bool = True) -> Callable[[Callable[[DictConfi
                 check_values(cfg)
                 return fn(cfg)
             except UsageError as err:
+                release(Path(HydraConfig.get().runtime.output_dir))
                 exit_with(err)
 
         return reporting_composition_errors(main)

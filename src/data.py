@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import psutil
 import torch
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
@@ -194,6 +195,8 @@ def check_file(cfg: DataConfig) -> bool:
     if cfg.name == SYNTHETIC:
         if path.exists():
             check_arrays(cfg, path)
+        else:
+            check_synthetic_memory(cfg)
         return path.exists()
     info = medmnist_info(cfg)
     if not path.exists():
@@ -277,6 +280,17 @@ def format_problem(images: np.ndarray, labels: np.ndarray) -> str | None:
 def bad_split(path: Path, split: str, problem: str, fix: str) -> UsageError:
     """The one-line refusal of a split: the file, the split, what is wrong, the fix."""
     return UsageError(f"{path}, {split} split: {problem}: {fix}")
+
+
+def check_synthetic_memory(cfg: DataConfig) -> None:
+    """A :class:`UsageError` where the synthetic volumes ``cfg`` asks for (generated in memory, and trained on from
+    there) exceed the memory this machine has free."""
+    need, free = sum(cfg.synthetic_samples) * cfg.size**3, psutil.virtual_memory().available
+    if need > free:
+        raise UsageError(
+            f"data.synthetic_samples={list(cfg.synthetic_samples)} at data.size={cfg.size} make {need / 2**30:.1f} GiB "
+            f"of volumes, more than the {free / 2**30:.1f} GiB of memory free: lower data.synthetic_samples"
+        )
 
 
 def write_synthetic(cfg: DataConfig, path: Path) -> None:

@@ -9,6 +9,7 @@ import fcntl
 import itertools
 import logging
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,24 +26,53 @@ LOCK_FILE = ".medsweep.lock"  # holds the pid of the process holding it
 UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)  # file systems without flock (some Lustre mounts)
 
 
+CLAIMED: dict[Path, list[Path]] = {}  # each folder fresh() created in this process: the folders it made, deepest first
+
+
 def fresh(path: str) -> str:
     """``path``, else ``path-2``, ``path-3``, ...: the first that did not exist, created now. ``mkdir`` is atomic, so
     two sweeps started in the same second get two folders."""
     base = Path(path)
-    base.parent.mkdir(parents=True, exist_ok=True)
     for n in itertools.count(1):
         candidate = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        made = missing(candidate.absolute())
         try:
-            candidate.mkdir()
+            candidate.mkdir(parents=True)
         except FileExistsError:
             continue
+        CLAIMED[candidate.absolute()] = made
         return str(candidate)
+
+
+def release(folder: Path) -> None:
+    """Remove ``folder`` where :func:`fresh` claimed it in this process and it holds no more than Hydra writes before
+    a command starts (``.hydra/``, an empty log), with the parents it made that are empty: a refused command leaves
+    no folder."""
+    made = CLAIMED.pop(folder.absolute(), [])
+    if not (made and folder.is_dir()) or any(not hydra_file(path) for path in folder.iterdir()):
+        return
+    shutil.rmtree(folder / ".hydra", ignore_errors=True)
+    for path in folder.glob("*.log"):
+        path.unlink(missing_ok=True)
+    for path in made:
+        with contextlib.suppress(OSError):  # not empty: another command's
+            path.rmdir()
+
+
+def missing(folder: Path) -> list[Path]:
+    """``folder`` and its parents that do not exist, deepest first."""
+    return list(itertools.takewhile(lambda path: not path.exists(), (folder, *folder.parents)))
+
+
+def hydra_file(path: Path) -> bool:
+    """What Hydra writes in a run's folder before the command starts: ``.hydra/``, an empty log."""
+    return path.name == ".hydra" or (path.suffix == ".log" and path.is_file() and path.stat().st_size == 0)
 
 
 def writable(folder: Path, key: str) -> None:
     """A :class:`UsageError` where this process cannot create ``folder`` (``key``'s value) and write in it: tried,
     then the folders the try made are removed."""
-    made = list(itertools.takewhile(lambda path: not path.exists(), (folder, *folder.parents)))  # deepest first
+    made = missing(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=folder).close()

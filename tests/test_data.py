@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import torch
 from medmnist import INFO
@@ -160,6 +161,16 @@ def test_synthetic_is_written_in_medmnist_format_and_balanced(tmp_path, size):
     ball, cube = images[labels == 0].float(), images[labels == 1].float()
     assert ball.mean() < cube.mean()  # the cube of the same radius has more bright voxels: learnable
     assert torch.equal(load_splits(cfg)["train"][0], images)  # same data on every load
+
+
+def test_synthetic_volumes_past_the_free_memory_are_refused_before_any_is_made(tmp_path):
+    samples = 2 * psutil.virtual_memory().available // 28**3  # twice what fits
+    cfg = DataConfig(name="synthetic", root=str(tmp_path), num_classes=2, synthetic_samples=[samples, 1, 1])
+    message = refusal(check_file, cfg)
+    assert message.startswith(f"data.synthetic_samples=[{samples}, 1, 1] at data.size=28 make ") and message.endswith(
+        "GiB of memory free: lower data.synthetic_samples"
+    )
+    assert refusal(load_splits, cfg) == message and list(tmp_path.iterdir()) == []
 
 
 def synthetic(root: Path, **kw) -> DataConfig:

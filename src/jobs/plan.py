@@ -76,7 +76,7 @@ def plan_job(cfg: DictConfig, hydra_cfg: DictConfig, follower: bool = False) -> 
     cfg, resume = resume_point(cfg, job_dir, overrides)
     rerun_of, name = cfg.rerun, None
     if rerun_of:
-        cfg, name = rerun_config(cfg, overrides, ensure_store(tracking_uri(cfg)))
+        cfg, name = rerun_config(cfg, overrides, tracking_uri(cfg))
     typed, device = validate(cfg)
     params = flatten(cfg) | content_params(typed.data)
     hashed = config_hash(params)
@@ -140,10 +140,9 @@ def resume_point(cfg: DictConfig, job_dir: Path, overrides: list[str]) -> tuple[
     this job's own folder holds (a job requeued by SLURM / submitit)."""
     if not cfg.resume and not (job_dir / checkpoint.FILE).is_file():
         return cfg, None
-    client = ensure_store(tracking_uri(cfg))
     if not cfg.resume:
-        return cfg, requeued(cfg, job_dir, client)
-    return explicit(cfg, overrides, client)
+        return cfg, requeued(cfg, job_dir, tracking_uri(cfg))
+    return explicit(cfg, overrides, tracking_uri(cfg))
 
 
 def save_job_config(stored: dict[str, Any], job_dir: Path) -> None:

@@ -22,6 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 from src.config import Config
 from src.errors import UsageError
 from src.tracking.identity import NOT_HASHED
+from src.tracking.store import ensure_store, find_run, redacted
 
 CONFIG_ARTIFACT = ".hydra/config.yaml"
 
@@ -39,18 +40,17 @@ def with_command_line(stored: DictConfig, cfg: DictConfig, keys: list[str]) -> D
     return stored
 
 
-def logged_config(client: mlflow.MlflowClient, run_id: str) -> tuple[DictConfig, mlflow.entities.Run]:
-    """The run's ``.hydra/config.yaml``, typed by the schema, and the run."""
-    try:
-        run = client.get_run(run_id)
-    except MlflowException:
+def logged_config(uri: str, run_id: str) -> tuple[DictConfig, mlflow.entities.Run]:
+    """The run's ``.hydra/config.yaml``, typed by the schema, and the run (of the store at ``uri``)."""
+    run = find_run(uri, run_id)
+    if run is None:
         raise UsageError(
-            f"rerun={run_id} is not a run in {client.tracking_uri}: give a run id from that store "
+            f"rerun={run_id} is not a run in {redacted(uri)}: give a run id from that store "
             f"(or set mlflow.tracking_uri to the store that holds it)"
-        ) from None
+        )
     with tempfile.TemporaryDirectory() as folder:
         try:
-            path = client.download_artifacts(run_id, CONFIG_ARTIFACT, folder)
+            path = ensure_store(uri).download_artifacts(run_id, CONFIG_ARTIFACT, folder)
         except (MlflowException, OSError):
             raise UsageError(
                 f"rerun={run_id} has no {CONFIG_ARTIFACT} artifact (only finished runs log it): rerun a FINISHED run"
@@ -65,9 +65,10 @@ def logged_config(client: mlflow.MlflowClient, run_id: str) -> tuple[DictConfig,
         ) from None
 
 
-def rerun_config(cfg: DictConfig, overrides: list[str], client: mlflow.MlflowClient) -> tuple[DictConfig, str]:
-    """The config of run ``cfg.rerun``, with the command line's non-result keys, the store it was found in and the
-    thread count it trained with (its ``num_threads`` tag, where its config says null), and the run's name."""
+def rerun_config(cfg: DictConfig, overrides: list[str], uri: str) -> tuple[DictConfig, str]:
+    """The config of run ``cfg.rerun`` (in the store at ``uri``), with the command line's non-result keys, that
+    store and the thread count it trained with (its ``num_threads`` tag, where its config says null), and the run's
+    name."""
     changed = changed_keys(overrides)
     fixed = [key for key in changed if not key.startswith(NOT_HASHED)]
     if fixed:
@@ -75,7 +76,7 @@ def rerun_config(cfg: DictConfig, overrides: list[str], client: mlflow.MlflowCli
             f"{fixed[0]} cannot change next to rerun={cfg.rerun}, which trains that run's config as it "
             f"was: drop {fixed[0]} (only {', '.join(k.rstrip('.') for k in NOT_HASHED)} may change)"
         )
-    logged, run = logged_config(client, cfg.rerun)
+    logged, run = logged_config(uri, cfg.rerun)
     rebuilt = with_command_line(logged, cfg, ["mlflow.tracking_uri", *changed])
     rebuilt.rerun = None
     if rebuilt.num_threads is None and (threads := run.data.tags.get("num_threads")):

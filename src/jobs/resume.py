@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
-from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from omegaconf import DictConfig, OmegaConf
 
@@ -24,6 +23,7 @@ from src.folders import in_use
 from src.jobs.rerun import changed_keys, with_command_line
 from src.tracking.identity import NOT_HASHED, code_fingerprint, flatten
 from src.tracking.runs import RunLogger
+from src.tracking.store import find_run, redacted
 from src.tracking.sweep import job_parent_id
 from src.training import checkpoint
 
@@ -81,34 +81,33 @@ def stored_config(state: dict[str, Any]) -> DictConfig:
     return OmegaConf.merge(OmegaConf.structured(Config), state["config"])
 
 
-def checkpoint_folder(value: str, client: mlflow.MlflowClient) -> Path:
+def checkpoint_folder(value: str, uri: str) -> Path:
     """The folder ``value`` names: a run output folder (or its checkpoint file), else the ``output_dir`` tag of
-    the MLflow run ``value``."""
+    the MLflow run ``value`` in the store at ``uri``."""
     path = Path(value).expanduser()
     if path.is_dir() or path.is_file():
         return path if path.is_dir() else path.parent
-    try:
-        folder = client.get_run(value).data.tags.get("output_dir")
-    except MlflowException:
-        folder = None
+    run = find_run(uri, value)
+    folder = run.data.tags.get("output_dir") if run else None
     if folder is None:
         raise UsageError(
-            f"resume={value} is neither a folder nor a run id in {client.tracking_uri}: give the run's "
+            f"resume={value} is neither a folder nor a run id in {redacted(uri)}: give the run's "
             f"output folder (it holds {checkpoint.FILE}) or its run id (and the mlflow.tracking_uri "
             f"it logged to)"
         )
     return Path(folder)
 
 
-def explicit(cfg: DictConfig, overrides: list[str], client: mlflow.MlflowClient) -> tuple[DictConfig, Resume]:
-    """``resume=<value>``: the checkpointed run, and its config with the command line's non-result keys."""
+def explicit(cfg: DictConfig, overrides: list[str], uri: str) -> tuple[DictConfig, Resume]:
+    """``resume=<value>``: the checkpointed run (in the store at ``uri``), and its config with the command line's
+    non-result keys."""
     value = str(cfg.resume)
     if cfg.get("rerun"):
         raise UsageError(
             f"resume={value} and rerun={cfg.rerun} cannot be combined: resume continues a run, "
             f"rerun trains a finished run's config again: drop one"
         )
-    folder = checkpoint_folder(value, client)
+    folder = checkpoint_folder(value, uri)
     if not (folder / checkpoint.FILE).is_file():
         raise UsageError(
             f"resume={value}: no {checkpoint.FILE} in {folder} (the run stopped before its first "
@@ -119,11 +118,11 @@ def explicit(cfg: DictConfig, overrides: list[str], client: mlflow.MlflowClient)
         resume = Resume.from_state(state, folder)
     except checkpoint.Unreadable as err:
         raise UsageError(f"resume={value}: {err}: the run cannot go on from it; start a new run") from None
-    status = run_status(client, state["run_id"])
+    status = run_status(uri, state["run_id"])
     if status is None:
         raise UsageError(
             f"resume={value}: run {state['run_id']} of {folder / checkpoint.FILE} is not in "
-            f"{client.tracking_uri}: set mlflow.tracking_uri to the store it logged to"
+            f"{redacted(uri)}: set mlflow.tracking_uri to the store it logged to"
         )
     if status == "FINISHED":
         raise UsageError(
@@ -141,7 +140,7 @@ def explicit(cfg: DictConfig, overrides: list[str], client: mlflow.MlflowClient)
     return rebuilt, resume
 
 
-def requeued(cfg: DictConfig, output_dir: Path, client: mlflow.MlflowClient) -> Resume | None:
+def requeued(cfg: DictConfig, output_dir: Path, uri: str) -> Resume | None:
     """The unfinished run whose checkpoint this job's own folder holds, when it has this job's config: a job
     requeued by SLURM / submitit (same config, same folder) goes on by itself."""
     path = output_dir / checkpoint.FILE
@@ -153,7 +152,7 @@ def requeued(cfg: DictConfig, output_dir: Path, client: mlflow.MlflowClient) -> 
     except checkpoint.Unreadable as err:
         log.warning("%s: a run this job trains replaces it", err)
         return None
-    status = run_status(client, state["run_id"])
+    status = run_status(uri, state["run_id"])
     changes = result_changes(stored_config(state), cfg)
     if status in (None, "FINISHED") or changes:
         why = (
@@ -233,11 +232,9 @@ def not_resumed(run: mlflow.entities.Run, resume: Resume) -> str | None:
     return None
 
 
-def run_status(client: mlflow.MlflowClient, run_id: str) -> str | None:
-    try:
-        return client.get_run(run_id).info.status
-    except MlflowException:
-        return None
+def run_status(uri: str, run_id: str) -> str | None:
+    run = find_run(uri, run_id)
+    return run.info.status if run else None
 
 
 def reopen(client: mlflow.MlflowClient, resume: Resume) -> RunLogger:

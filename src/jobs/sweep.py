@@ -24,7 +24,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from src.errors import UsageError, exit_with
-from src.folders import writable
+from src.folders import release, writable
 from src.jobs.sweep_checks import checked_jobs
 from src.parallel.preemption import exit_code
 from src.tracking.identity import run_name
@@ -95,6 +95,7 @@ class Sweep(Callback):
 
             self.main = open_sweep(config, jobs)
         except UsageError as err:
+            release(sweep_dir)
             exit_with(err)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:

@@ -303,6 +303,17 @@ def store_exists(uri: str) -> bool:
     return path is None or path.exists()
 
 
+def find_run(uri: str, run_id: str) -> mlflow.entities.Run | None:
+    """Run ``run_id`` of the store at ``uri``; None where the store has no such run or is not created yet (it stays
+    so)."""
+    if not store_exists(uri):
+        return None
+    try:
+        return ensure_store(uri).get_run(run_id)
+    except MlflowException:
+        return None
+
+
 def finished_run(uri: str, experiment: str, hashed: str, fingerprint: str) -> mlflow.entities.Run | None:
     """The latest FINISHED run of ``experiment`` tagged ``config_hash=hashed``: the latest with
     ``code_fingerprint=fingerprint`` when there is one, else the latest of any code; a store not created yet has

@@ -51,12 +51,14 @@ def test_a_rerun_with_a_result_key_fails_in_one_line(tmp_path, store, shared_dat
 def refused(store: str, *overrides: str) -> str:
     cfg = compose_config(*overrides, f"mlflow.tracking_uri={store}")
     with pytest.raises(UsageError) as err:
-        rerun_config(cfg, list(overrides), ensure_store(store))
+        rerun_config(cfg, list(overrides), store)
     return str(err.value)
 
 
-def test_unknown_runs_runs_without_a_config_and_result_keys_are_refused(store):
+def test_unknown_runs_runs_without_a_config_and_result_keys_are_refused(tmp_path, store):
     assert "rerun=0123abcd is not a run in" in refused(store, "rerun=0123abcd")
+    assert "is not a run in" in refused(f"sqlite:///{tmp_path / 'fresh.db'}", "rerun=0123abcd")
+    assert not (tmp_path / "fresh.db").exists()  # a store not created yet stays so
     client = ensure_store(store)
     empty = client.create_run(experiment_id(client, "medsweep")).info.run_id
     assert f"rerun={empty} has no .hydra/config.yaml artifact" in refused(store, f"rerun={empty}")
@@ -73,7 +75,7 @@ def test_non_result_keys_replace_the_logged_ones(tmp_path, store):
     client.log_artifacts(run_id, str(tmp_path / ".hydra"), ".hydra")
 
     overrides = [f"rerun={run_id}", "data.root=/new"]
-    rebuilt, _ = rerun_config(compose_config(*overrides, f"mlflow.tracking_uri={store}"), overrides, client)
+    rebuilt, _ = rerun_config(compose_config(*overrides, f"mlflow.tracking_uri={store}"), overrides, store)
     assert (rebuilt.model.name, rebuilt.seed, rebuilt.data.root) == ("resnet10", 4, "/new")
     assert (rebuilt.mlflow.tracking_uri, rebuilt.mlflow.experiment, rebuilt.rerun) == (store, "old", None)
 
@@ -88,5 +90,5 @@ def test_a_rerun_takes_the_name_of_the_run_and_the_threads_it_trained_with(tmp_p
     run_id = client.create_run(experiment_id(client, "medsweep"), tags=tags).info.run_id
     client.log_artifacts(run_id, str(tmp_path / ".hydra"), ".hydra")
     overrides = [f"rerun={run_id}"]
-    rebuilt, name = rerun_config(compose_config(*overrides, f"mlflow.tracking_uri={store}"), overrides, client)
+    rebuilt, name = rerun_config(compose_config(*overrides, f"mlflow.tracking_uri={store}"), overrides, store)
     assert (rebuilt.num_threads, name) == (3, "model=resnet10 seed=0")

@@ -267,7 +267,7 @@ def resume_error(value: str, overrides: list[str]) -> str:
         explicit(
             compose_config(*overrides, f"resume={value}"),
             [*overrides, f"resume={value}"],
-            mlflow.MlflowClient(OmegaConf.select(compose_config(*overrides), "mlflow.tracking_uri")),
+            OmegaConf.select(compose_config(*overrides), "mlflow.tracking_uri"),
         )
     return str(err.value)
 
@@ -278,7 +278,7 @@ def test_bad_resume_values_name_the_value_and_the_fix(tmp_path, store, unfinishe
         explicit(
             compose_config(*overrides, f"resume={run_id}"),
             [f"resume={run_id}", *overrides[-1:]],
-            mlflow.MlflowClient(store),
+            store,
         )[1].run_id
         == run_id
     )  # the good case, by run id
@@ -287,6 +287,9 @@ def test_bad_resume_values_name_the_value_and_the_fix(tmp_path, store, unfinishe
     assert f"no checkpoint.pt in {tmp_path / 'empty'}" in resume_error(str(tmp_path / "empty"), overrides)
     assert "would change epochs=15->5" in resume_error(str(folder), [*overrides, "epochs=5"])
     other = f"sqlite:///{tmp_path / 'other.db'}"
+    for value in (str(folder), run_id):  # a store not created yet: refused, and it stays so
+        assert f"in {other}: " in resume_error(value, [*overrides[:-1], f"mlflow.tracking_uri={other}"])
+        assert not (tmp_path / "other.db").exists()
     ensure_store(other)
     assert f"is not in {other}: set mlflow.tracking_uri" in resume_error(
         str(folder), [*overrides[:-1], f"mlflow.tracking_uri={other}"]

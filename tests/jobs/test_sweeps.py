@@ -15,7 +15,7 @@ import mlflow
 import psutil
 import pytest
 
-from src.folders import fresh, held
+from src.folders import fresh, held, release
 from src.parallel.preemption import Preemption
 from tests.helpers import ROOT, kill_group, run_cli, runs, small_run
 
@@ -111,6 +111,31 @@ def test_an_output_folder_that_cannot_be_written_is_one_line_before_any_run(tmp_
         f"error: {key}={folder} cannot be written (Not a directory): give a folder this process can write"
     )
     assert runs(store) == []
+
+
+@pytest.mark.parametrize("flag,epochs", [((), "epochs=0"), (("-m",), "epochs=1,0")], ids=["run", "sweep"])
+def test_a_refused_command_leaves_no_folder_of_its_own(tmp_path, store, shared_data, flag, epochs):
+    """The default folders (``outputs/<date>/<time>``, ``sweeps/...``, claimed by ``${fresh:...}``) of a refused
+    command go, with the parents they made; an earlier command's stay."""
+    cwd = tmp_path / "cwd"
+    (cwd / "outputs" / "earlier").mkdir(parents=True)
+    args = [a for a in small_run(tmp_path, store, shared_data, epochs) if not a.startswith("hydra.")]
+    assert one_error_line(run_cli(*flag, *args, cwd=cwd)).endswith("epochs=0 must be >= 1")
+    assert sorted(cwd.rglob("*")) == [cwd / "outputs", cwd / "outputs" / "earlier"]
+
+
+def test_a_released_folder_goes_only_when_fresh_claimed_it_and_it_holds_no_more_than_hydra_writes(tmp_path):
+    started = Path(fresh(str(tmp_path / "outputs" / "started")))
+    (started / "train.log").write_text("MLflow run ...\n")
+    refused = Path(fresh(str(tmp_path / "outputs" / "refused")))
+    (refused / ".hydra").mkdir()
+    (refused / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    (refused / "train.log").touch()
+    given = tmp_path / "given"
+    given.mkdir()
+    for folder in (started, refused, given):
+        release(folder)
+    assert sorted(tmp_path.rglob("*")) == [given, tmp_path / "outputs", started, started / "train.log"]
 
 
 # -- every job checked before the first starts --------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any
 
@@ -21,6 +21,8 @@ OBJECTIVES = ("test/auc", "val/auc")  # what a job can return: the test AUC, or 
 TASKS = ("binary-class", "multi-class")  # the single-label tasks the trainer's cross-entropy and metrics handle
 SPLITS = ("train", "val", "test")  # a dataset's splits, in MedMNIST's order
 NIFTI = "nifti"  # data=nifti: a folder of volumes and a labels CSV (src/volumes, docs/nifti.md)
+SYNTHETIC = "synthetic"  # data=synthetic: generated volumes (src.data.write_synthetic)
+NIFTI_KEYS = ("labels", "classes", "split_fractions", "split_seed", "spacing", "intensity")  # data.* only nifti reads
 NIFTI_SIZES = (16, 256)  # the cube sides data=nifti crops or pads to (MedMNIST's files are 28^3 or 64^3)
 URL = re.compile(r"https?://[^/\s]+\S*|file://\S+")
 SEED_MAX = 2**32 - 1  # NumPy's seed range is [0, 2**32 - 1]
@@ -220,6 +222,7 @@ class DataConfig:
         sizes = "the train, val and test sizes, e.g. [256,64,64]"
         within_each("data.synthetic_samples", self.synthetic_samples, 1, count=3, what=sizes)
         self.check_volume_keys()
+        self.check_ignored_keys()
 
     def check_volume_keys(self) -> None:
         """The keys only ``nifti`` reads."""
@@ -239,6 +242,26 @@ class DataConfig:
         if not math.isfinite(self.window_level):
             raise ValueError(f"data.window_level={self.window_level} must be a finite number (the window's centre)")
         within("data.window_width", self.window_width, 0, ends="()", fix=" (the window's width)")
+
+    def check_ignored_keys(self) -> None:
+        """Refuse a key this dataset does not read set off its default: a run that would train the same as the
+        default under another config hash."""
+        window = "data=nifti with data.intensity=window"
+        readers = {"synthetic_samples": "data=synthetic", **dict.fromkeys(NIFTI_KEYS, "data=nifti")}
+        readers |= {"window_level": window, "window_width": window}
+        reads = {
+            "data=synthetic": self.name == SYNTHETIC,
+            "data=nifti": self.name == NIFTI,
+            window: self.name == NIFTI and self.intensity is Intensity.window,
+        }
+        defaults = {f.name: f.default_factory() if callable(f.default_factory) else f.default for f in fields(self)}
+        for key, reader in readers.items():
+            value = getattr(self, key)
+            if not reads[reader] and value != defaults[key]:
+                nifti = reader == window and self.name == NIFTI
+                setting = f"data.intensity={self.intensity.name}" if nifti else f"data={self.name}"
+                shown = value.name if isinstance(value, Enum) else value
+                raise ValueError(f"data.{key}={shown}: {setting} ignores it (only {reader} reads it): drop it")
 
 
 @dataclass

@@ -21,12 +21,11 @@ from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 from src import volumes
 from src.atomic import atomic_path
-from src.config import NIFTI, SPLITS, DataConfig, Loader
+from src.config import NIFTI, SPLITS, SYNTHETIC, DataConfig, Loader
 from src.errors import UsageError
 
 log = logging.getLogger(__name__)
 
-SYNTHETIC = "synthetic"
 REDOWNLOAD = "delete it and rerun with data.download=true"
 REGENERATE = "delete it (data=synthetic regenerates it from a fixed seed)"
 REBUILD = "delete it (data=nifti builds it again from the volumes)"

@@ -119,7 +119,8 @@ def enum_overrides():
 
 @pytest.mark.parametrize("key,member", list(enum_overrides()), ids=lambda v: getattr(v, "name", v))
 def test_every_enum_choice_composes_by_its_override_name(key, member):
-    cfg = OmegaConf.to_object(compose_config(f"{key}={member.name}"))
+    dataset = ["data=nifti"] if key == "data.intensity" else []  # the one dataset that reads it
+    cfg = OmegaConf.to_object(compose_config(*dataset, f"{key}={member.name}"))
     node = cfg
     for part in key.split("."):
         node = getattr(node, part)
@@ -385,6 +386,23 @@ BAD_VALUES = [
         "data.synthetic_samples=[256, 64] must be 3 values: the train, val and test sizes, e.g. [256,64,64]",
     ),
     ("data.synthetic_samples=[256,0,64]", "data.synthetic_samples[1]=0 must be >= 1"),
+    (
+        "data.spacing=[1,1,1]",
+        "data.spacing=[1.0, 1.0, 1.0]: data=adrenalmnist3d ignores it (only data=nifti reads it): drop it",
+    ),
+    (
+        "data=synthetic data.intensity=zscore",
+        "data.intensity=zscore: data=synthetic ignores it (only data=nifti reads it): drop it",
+    ),
+    (
+        "data.synthetic_samples=[8,4,4]",
+        "data.synthetic_samples=[8, 4, 4]: data=adrenalmnist3d ignores it (only data=synthetic reads it): drop it",
+    ),
+    (
+        "data=nifti data.window_width=300",
+        "data.window_width=300.0: data.intensity=minmax ignores it (only data=nifti with data.intensity=window reads "
+        "it): drop it",
+    ),
     ("aug.affine_p=1.5", "aug.affine_p=1.5 must be in [0, 1] (a probability)"),
     ("aug.affine_degrees=181", "aug.affine_degrees=181.0 must be in [0, 180] (rotation in +- affine_degrees)"),
     ("aug.affine_degrees=-1", "aug.affine_degrees=-1.0 must be in [0, 180] (rotation in +- affine_degrees)"),
@@ -452,6 +470,15 @@ BAD_VALUES = [
 def test_values_outside_their_range_are_refused_naming_key_and_value(overrides, message):
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         OmegaConf.to_object(compose_config(*overrides.split(" ")))
+
+
+def test_the_data_keys_a_dataset_reads_are_taken():
+    for overrides in (
+        ["data=synthetic", "data.synthetic_samples=[8,4,4]"],
+        ["data=nifti", "data.spacing=[1,1,1]", "data.intensity=window", "data.window_width=300"],
+        ["data.split_seed=0", "data.intensity=minmax"],  # the defaults, given
+    ):
+        OmegaConf.to_object(compose_config(*overrides))
 
 
 @pytest.mark.parametrize(

@@ -16,8 +16,8 @@ from mlflow.entities import Dataset, DatasetInput, InputTag
 from mlflow.types import Schema, TensorSpec
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-from src.config import NIFTI, DataConfig
-from src.data import SYNTHETIC, expected_md5, md5
+from src.config import NIFTI, SYNTHETIC, DataConfig
+from src.data import expected_md5, md5
 from src.volumes import read_meta
 
 CONTEXTS = {"train": "training", "val": "validation", "test": "test"}

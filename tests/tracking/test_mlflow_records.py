@@ -37,7 +37,7 @@ def test_a_run_records_system_metrics_its_datasets_its_model_and_tags(tmp_path, 
     result = run_cli(
         *small_run(tmp_path, store, shared_data),
         "mlflow.log_model=true",
-        "mlflow.system_metrics_interval_s=0.2",
+        "mlflow.system_metrics_interval_s=1",  # the shortest: a sample a second
         "tags=[baseline,amp-study]",
         "ema_decay=0.9",  # the logged model must be the tested (averaged) weights, not the last trained ones
     )

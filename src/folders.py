@@ -85,12 +85,23 @@ def writable(folder: Path, key: str) -> None:
                 path.rmdir()
 
 
+def check_no_chdir(config: DictConfig) -> None:
+    """A :class:`UsageError` for ``hydra.job.chdir=true``: a job reads relative paths from the command's working
+    directory, and writes its files into its own folder without changing to it."""
+    if config.hydra.job.chdir:
+        raise UsageError(
+            "hydra.job.chdir=true would read each job's relative paths (an sqlite:/// store, data.root, resume=) "
+            "in the job's own folder: drop it (a job writes its files there without it)"
+        )
+
+
 class RunFolder(Callback):
     """Hydra callback: a run's folder (``hydra.run.dir``) it cannot write is one ``error:`` line before Hydra makes
     it (a sweep's folder: :class:`src.jobs.sweep.Sweep`)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
+            check_no_chdir(config)
             writable(Path(config.hydra.run.dir), "hydra.run.dir")
         except UsageError as err:
             exit_with(err)

@@ -77,6 +77,8 @@ CASES = {  # name: (module, overrides as one string); {tmp}, {store} and {data} 
     "resume of a truncated checkpoint": ("src.train", "resume={tmp}/truncated"),
     "threads past any machine": ("src.train", "num_threads=100000"),
     "a process per worker past any machine": ("src.train", "data.loader=dataloader data.num_workers=100000"),
+    "a job in its own folder": ("src.train", "hydra.job.chdir=true"),
+    "sweep jobs in their own folders": ("src.train", "-m hydra.job.chdir=true seed=0,1"),
     "synthetic volumes past any memory": (
         "src.train",
         "data=synthetic data.synthetic_samples=[100000000,1,1] data.root={tmp}",

@@ -24,7 +24,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from src.errors import UsageError, exit_with
-from src.folders import release, writable
+from src.folders import check_no_chdir, release, writable
 from src.jobs.sweep_checks import checked_jobs
 from src.parallel.preemption import exit_code
 from src.tracking.identity import run_name
@@ -89,6 +89,7 @@ class Sweep(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
             sweep_dir = Path(config.hydra.sweep.dir)  # claimed once: the jobs' compositions copy the resolver's cache
+            check_no_chdir(config)
             jobs = checked_jobs(config)
             writable(sweep_dir, "hydra.sweep.dir")
             from src.jobs.sweep_main import open_sweep  # MLflow, the plans: once every job's config passed its checks

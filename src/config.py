@@ -390,7 +390,7 @@ class CheckpointConfig:
 
 @dataclass
 class StoreConfig:
-    tracking_uri: str | None = None  # null: sqlite:///<project root>/mlflow.db
+    tracking_uri: str | None = None  # null: $MLFLOW_TRACKING_URI where set, else sqlite:///<project root>/mlflow.db
 
     def __post_init__(self) -> None:
         filled("mlflow.tracking_uri", self.tracking_uri, null=True)

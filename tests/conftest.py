@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -12,9 +13,11 @@ import pytest
 
 from src.config import register
 from src.shipped import SHIPPED
+from src.tracking.store import TRACKING_URI_ENV
 from tests.helpers import ROOT
 
 register()
+os.environ.pop(TRACKING_URI_ENV, None)  # a store of the developer's own is no test's: each test names its store
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

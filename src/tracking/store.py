@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TRACKING_URI = f"sqlite:///{PROJECT_ROOT / 'mlflow.db'}"
+TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"  # where MLflow's own tools look for a store: honoured below the config key
 EXPERIMENT_KIND, TRAINING = "mlflow.experimentKind", "custom_model_development"  # the UI opens on training runs
 ARTIFACTS_FOLDER = "mlartifacts"  # beside an SQLite store, as `mlflow server` keeps ./mlartifacts beside its own
 TIMEOUT_S = 5  # for each connection and answer of the store's check
@@ -32,7 +33,9 @@ SEARCH_EXPERIMENTS = "/api/2.0/mlflow/experiments/search"  # what the check asks
 
 
 def tracking_uri(cfg: Any) -> str:
-    return cfg.mlflow.tracking_uri or DEFAULT_TRACKING_URI
+    """``mlflow.tracking_uri``; else MLflow's own environment variable ``MLFLOW_TRACKING_URI``, where set; else the
+    SQLite store at the project root."""
+    return cfg.mlflow.tracking_uri or os.environ.get(TRACKING_URI_ENV, "").strip() or DEFAULT_TRACKING_URI
 
 
 def ensure_store(uri: str) -> mlflow.MlflowClient:

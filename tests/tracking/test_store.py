@@ -14,6 +14,7 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import mlflow
 import pytest
@@ -21,8 +22,15 @@ from mlflow.store.tracking.dbmodels.models import SqlExperiment
 from sqlalchemy import event
 
 from src.errors import UsageError
-from src.tracking.store import check_store, create_experiment, ensure_store, experiment_id
-from tests.helpers import free_port, run_process
+from src.tracking.store import (
+    DEFAULT_TRACKING_URI,
+    check_store,
+    create_experiment,
+    ensure_store,
+    experiment_id,
+    tracking_uri,
+)
+from tests.helpers import free_port, run_cli, run_process, runs, small_run
 
 PROCESSES = 4
 READ_ONLY = (  # a folder, its database's mode (None: no database yet), the folder's mode, what is read-only
@@ -211,3 +219,15 @@ def test_an_experiment_created_by_another_process_meanwhile_is_used(store):
         event.remove(SqlExperiment, "before_insert", other_first)
     assert raced == ["medsweep"]
     assert created == other.get_experiment_by_name("medsweep").experiment_id
+
+
+def test_mlflows_environment_variable_names_the_store_below_the_config_key(tmp_path, monkeypatch, store, shared_data):
+    given, env = SimpleNamespace(mlflow=SimpleNamespace(tracking_uri=store)), f"sqlite:///{tmp_path / 'env.db'}"
+    unset = SimpleNamespace(mlflow=SimpleNamespace(tracking_uri=None))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert tracking_uri(unset) == DEFAULT_TRACKING_URI
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", env)
+    assert (tracking_uri(given), tracking_uri(unset)) == (store, env)
+    args = [a for a in small_run(tmp_path, store, shared_data, "epochs=1") if not a.startswith("mlflow.tracking_uri=")]
+    assert run_cli(*args).returncode == 0  # a real job, its process started with the variable set
+    assert [run.info.status for run in runs(env)] == ["FINISHED"] and runs(store) == []

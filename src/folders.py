@@ -23,6 +23,7 @@ from src.errors import UsageError, exit_with
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".medsweep.lock"  # holds the pid of the process holding it
+CACHE_ENV = "MEDSWEEP_CACHE_DIR"  # the folder of the start-up probes' cache and of data=nifti's cached volumes
 UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)  # file systems without flock (some Lustre mounts)
 
 
@@ -69,16 +70,15 @@ def hydra_file(path: Path) -> bool:
     return path.name == ".hydra" or (path.suffix == ".log" and path.is_file() and path.stat().st_size == 0)
 
 
-def writable(folder: Path, key: str) -> None:
-    """A :class:`UsageError` where this process cannot create ``folder`` (``key``'s value) and write in it: tried,
-    then the folders the try made are removed."""
+def writable(folder: Path, what: str, fix: str = "give a folder this process can write") -> None:
+    """A :class:`UsageError` (``what`` cannot be written: ``fix``) where this process cannot create ``folder`` and
+    write in it: tried, then the folders the try made are removed."""
     made = missing(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as err:
-        fix = "give a folder this process can write"
-        raise UsageError(f"{key}={folder} cannot be written ({err.strerror or err}): {fix}") from None
+        raise UsageError(f"{what} cannot be written ({err.strerror or err}): {fix}") from None
     finally:
         for path in made:
             with contextlib.suppress(OSError):
@@ -102,7 +102,7 @@ class RunFolder(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
             check_no_chdir(config)
-            writable(Path(config.hydra.run.dir), "hydra.run.dir")
+            writable(Path(config.hydra.run.dir), f"hydra.run.dir={config.hydra.run.dir}")
         except UsageError as err:
             exit_with(err)
 

@@ -21,6 +21,7 @@ from src.data import content_params
 from src.errors import UsageError
 from src.jobs.rerun import rerun_config
 from src.jobs.resume import Resume, explicit, requeued, resumable
+from src.perf import probe_cache
 from src.perf.autobatch import derived_batch, fit_batch, predicted_batch
 from src.resolve import validate
 from src.tracking.identity import code_fingerprint, config_hash, flatten, run_name
@@ -72,6 +73,7 @@ def plan_job(cfg: DictConfig, hydra_cfg: DictConfig, follower: bool = False) -> 
     ``follower`` (a torchrun / SLURM rank > 0) takes the run to go on with from rank 0, not from the store."""
     job_dir = Path(hydra_cfg.runtime.output_dir)
     overrides = list(hydra_cfg.overrides.task)
+    probe_cache.check_folder()
     asked = cfg.resume  # resume=<run> (the run's config, below, says null)
     cfg, resume = resume_point(cfg, job_dir, overrides)
     rerun_of, name = cfg.rerun, None

@@ -91,7 +91,7 @@ class Sweep(Callback):
             sweep_dir = Path(config.hydra.sweep.dir)  # claimed once: the jobs' compositions copy the resolver's cache
             check_no_chdir(config)
             jobs = checked_jobs(config)
-            writable(sweep_dir, "hydra.sweep.dir")
+            writable(sweep_dir, f"hydra.sweep.dir={sweep_dir}")
             from src.jobs.sweep_main import open_sweep  # MLflow, the plans: once every job's config passed its checks
 
             self.main = open_sweep(config, jobs)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from src.atomic import atomic_path
-from src.folders import UNSUPPORTED
+from src.folders import CACHE_ENV, UNSUPPORTED, writable
 from src.tracking.identity import code_fingerprint
 from src.tracking.runs import host
 from src.training.meters import device_name, peak_cache_file
@@ -60,6 +60,13 @@ def locked(path: Path, exclusive: bool) -> Iterator[None]:
             if err.errno not in UNSUPPORTED:
                 raise
         yield
+
+
+def check_folder() -> None:
+    """A :class:`UsageError` where the cache folder cannot be written (a read-only home on a cluster's nodes, a
+    ``MEDSWEEP_CACHE_DIR`` that is a file): every job probes and locks there."""
+    folder = peak_cache_file().parent
+    writable(folder, f"the probe cache {folder}", f"set {CACHE_ENV} to a folder this process can write")
 
 
 def machine(exclusive: bool) -> contextlib.AbstractContextManager[None]:

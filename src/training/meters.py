@@ -18,6 +18,7 @@ import psutil
 import torch
 
 from src.atomic import atomic_path
+from src.folders import CACHE_ENV
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -213,9 +214,7 @@ PEAK_MAX_AGE = datetime.timedelta(days=7)  # a cached probe older than this is t
 
 def peak_cache_file() -> Path:
     """``peak_flops.json`` in ``$MEDSWEEP_CACHE_DIR``, else ``$XDG_CACHE_HOME/medsweep``, else ``~/.cache/medsweep``."""
-    folder = os.environ.get("MEDSWEEP_CACHE_DIR") or Path(
-        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "medsweep"
-    )
+    folder = os.environ.get(CACHE_ENV) or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "medsweep")
     return Path(folder, "peak_flops.json")
 
 

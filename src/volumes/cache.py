@@ -25,13 +25,13 @@ import numpy as np
 from src.atomic import atomic_path
 from src.config import NIFTI, SPLITS, DataConfig, Intensity
 from src.errors import UsageError
+from src.folders import CACHE_ENV
 from src.volumes.preprocess import Header, check_layout, cubes, read_header
 from src.volumes.table import Table, read_table
 
 log = logging.getLogger(__name__)
 
 FORMAT = 1  # how a cache is made: bump it when the preprocessing changes
-CACHE_ENV = "MEDSWEEP_CACHE_DIR"
 
 
 def preprocessing(cfg: DataConfig) -> dict[str, Any]:

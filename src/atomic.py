@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from src.errors import UsageError
 
@@ -50,3 +52,13 @@ def atomic_path(path: Path) -> Iterator[Path]:
 def is_temporary(path: Path) -> bool:
     """Whether ``path`` is an :func:`atomic_path` write in progress (another process's, maybe)."""
     return path.name.startswith(".") and path.name.endswith(".tmp")
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """``path``'s JSON object; empty where the file is absent, unreadable, not JSON or not an object (a cache, then
+    written anew)."""
+    try:
+        found = json.loads(path.read_bytes())
+    except (OSError, ValueError):  # ValueError: JSON's decode errors and UTF-8's
+        return {}
+    return found if isinstance(found, dict) else {}

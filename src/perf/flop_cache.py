@@ -14,7 +14,7 @@ from src.tracking.identity import NOT_HASHED
 from src.training.mfu import flops_per_sample
 
 MAX_AGE = datetime.timedelta(days=30)
-CACHE = ProbeCache("flops_per_sample.json", fresh=lambda entry: age(entry) <= MAX_AGE)
+CACHE = ProbeCache("flops_per_sample.json", fresh=lambda entry: age(entry) <= MAX_AGE, fields=("flops_per_sample",))
 
 
 def counted_flops(cfg: Config) -> float:

@@ -21,7 +21,8 @@ from src.perf.probe_cache import ProbeCache, age, key, machine
 from src.tracking.identity import config_hash, flatten
 
 MAX_AGE = datetime.timedelta(days=7)
-CACHE = ProbeCache("memory_predictions.json", fresh=lambda entry: age(entry) <= MAX_AGE)
+FIELDS = tuple(field.name for field in dataclasses.fields(MemoryPrediction))
+CACHE = ProbeCache("memory_predictions.json", fresh=lambda entry: age(entry) <= MAX_AGE, fields=FIELDS)
 
 
 def predicted(cfg: Config, device: torch.device) -> MemoryPrediction:
@@ -31,7 +32,7 @@ def predicted(cfg: Config, device: torch.device) -> MemoryPrediction:
     name = key(device, thread_count(cfg), f"{probed} {device}")
     with machine(exclusive=False):
         entry = CACHE.get(name) or CACHE.put(name, dataclasses.asdict(predict(cfg, device)))
-    return MemoryPrediction(**{field.name: entry[field.name] for field in dataclasses.fields(MemoryPrediction)})
+    return MemoryPrediction(**{field: entry[field] for field in FIELDS})
 
 
 def predicted_memory_metrics(cfg: Config, device: torch.device) -> Callable[[dict[str, float]], dict[str, float]]:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from src.atomic import atomic_path
+from src.atomic import atomic_path, read_json_object
 from src.folders import CACHE_ENV, UNSUPPORTED, writable
 from src.tracking.identity import code_fingerprint
 from src.tracking.runs import host
@@ -75,33 +75,38 @@ def machine(exclusive: bool) -> contextlib.AbstractContextManager[None]:
 
 
 class ProbeCache:
-    """``<name>`` in the cache folder: ``{key: entry}``, each entry a JSON object with its ``at``. An entry is used
-    while ``fresh(entry)`` holds; writing one drops the entries no longer fresh."""
+    """``<name>`` in the cache folder: ``{key: entry}``, each entry a JSON object with ``fields`` and its ``at``. An
+    entry is used while ``fresh(entry)`` holds; writing one drops the entries no longer fresh."""
 
-    def __init__(self, name: str, fresh: Callable[[Entry], bool]) -> None:
-        self.name, self.fresh = name, fresh
+    def __init__(self, name: str, fresh: Callable[[Entry], bool], fields: tuple[str, ...]) -> None:
+        self.name, self.fresh, self.fields = name, fresh, fields
 
     @property
     def path(self) -> Path:
         return peak_cache_file().with_name(self.name)
 
     def entries(self) -> dict[str, Entry]:
-        """The file's entries; none when it is absent or not JSON (it is written anew)."""
+        """The file's entries; none when it is absent or not a JSON object (it is written anew)."""
+        return read_json_object(self.path)
+
+    def usable(self, entry: Any) -> bool:
+        """Whether ``entry`` holds this cache's fields and is fresh: one cut short or written by hand is probed
+        again, never a job's failure."""
         try:
-            return json.loads(self.path.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return {}
+            return set(self.fields) <= entry.keys() and self.fresh(entry)
+        except (AttributeError, KeyError, TypeError, ValueError):
+            return False
 
     def get(self, name: str) -> Entry | None:
         entry = self.entries().get(name)
-        return entry if entry is not None and self.fresh(entry) else None
+        return entry if self.usable(entry) else None
 
     def put(self, name: str, entry: Entry) -> Entry:
         """Store ``entry`` under ``name``, stamped now (read, changed and written under a lock, so the entries other
         processes write meanwhile stay); returns it stamped."""
         entry = {**entry, "at": now().isoformat()}
         with locked(self.path.with_name("files.lock"), exclusive=True):
-            entries = {k: e for k, e in self.entries().items() if self.fresh(e)} | {name: entry}
+            entries = {k: e for k, e in self.entries().items() if self.usable(e)} | {name: entry}
             with atomic_path(self.path) as partial:
                 partial.write_text(json.dumps(entries, indent=1))
         return entry

@@ -75,7 +75,8 @@ def fresh(entry: Entry) -> bool:
     return age(entry) <= (BUSY_MAX_AGE if entry["busy"] else MAX_AGE)
 
 
-CACHE = ProbeCache("step_times.json", fresh)
+FIELDS = tuple(field.name for field in dataclasses.fields(StepTime))
+CACHE = ProbeCache("step_times.json", fresh, FIELDS)
 
 
 def step_time(
@@ -86,4 +87,4 @@ def step_time(
     name = key(device, threads, json.dumps(shape, sort_keys=True))
     with machine(exclusive=True):
         entry = CACHE.get(name) or CACHE.put(name, {**dataclasses.asdict(measure(prepare(), threads)), "shape": shape})
-    return StepTime(**{field.name: entry[field.name] for field in dataclasses.fields(StepTime)})
+    return StepTime(**{field: entry[field] for field in FIELDS})

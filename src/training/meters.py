@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from src.atomic import atomic_path
+from src.atomic import atomic_path, read_json_object
 from src.folders import CACHE_ENV
 
 _STATUS = Path("/proc/self/status")
@@ -282,14 +282,15 @@ def _table_peak(device: torch.device, dtype: torch.dtype) -> Peak | None:
 
 
 def cached_peaks() -> dict[str, Peak]:
-    """The peak cache file's entries (none when it is absent)."""
-    file = peak_cache_file()
-    entries = json.loads(file.read_text()) if file.exists() else {}
-    return {  # an entry of the first format (a bare number, no time) is left out: probed again
-        key: Peak(entry["flops"], entry["source"], datetime.datetime.fromisoformat(entry["at"]))
-        for key, entry in entries.items()
-        if isinstance(entry, dict)
-    }
+    """The peak cache file's entries (none when it is absent or not a JSON object). An entry that does not read as a
+    peak (the first format's bare number, one cut short or written by hand) is left out: probed again."""
+    peaks = {}
+    for key, entry in read_json_object(peak_cache_file()).items():
+        with contextlib.suppress(AttributeError, KeyError, TypeError, ValueError):
+            at = datetime.datetime.fromisoformat(entry["at"])
+            if at.tzinfo is not None and float(entry["flops"]) > 0:
+                peaks[key] = Peak(float(entry["flops"]), str(entry["source"]), at)
+    return peaks
 
 
 def _record(key: str, new: Peak) -> Peak:

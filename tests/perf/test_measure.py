@@ -15,6 +15,7 @@ from torch import nn
 from src.models.profile import forward_flops, train_flops
 from src.perf.autobatch import CPU_HEADROOM, predicted_candidates, usable_mb
 from src.perf.memory import predict
+from src.perf.probe_cache import ProbeCache, age
 from src.training.meters import KNOWN_PEAKS, PEAK_MAX_AGE, cached_peaks, peak_cache_file, peak_flops, peak_key
 from src.training.mfu import Mfu
 from tests.helpers import compose_config, run_cli, runs, small_run
@@ -145,6 +146,28 @@ def test_the_peak_cache_is_in_the_tests_own_folder_or_where_the_environment_says
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert peak_cache_file() == tmp_path / "home" / ".cache" / "medsweep" / "peak_flops.json"
+
+
+DAMAGED = {  # what a cache file may hold after a hand, another tool or a failing disk: each is probed again
+    "random bytes": b"\x9d\xff\x00garbage",
+    "JSON cut short": b'{"a": {"at": "2026-11-27T10:00:00+00:00", ',
+    "not an object": b"[1, 2]",
+    "entries of another shape": b'{"a": 5, "b": {"at": "yesterday"}, "c": {"at": "2026-11-27T10:00:00"}, "d": {}}',
+}
+
+
+@pytest.mark.parametrize("content", DAMAGED.values(), ids=DAMAGED)
+def test_a_damaged_cache_file_is_probed_again_and_written_anew(tmp_path, monkeypatch, content):
+    monkeypatch.setenv("MEDSWEEP_CACHE_DIR", str(tmp_path))
+    peak_cache_file().write_bytes(content)
+    assert cached_peaks() == {}
+    first = peak_flops(CPU, torch.float32)
+    assert first.source == "probe" and cached_peaks() == {peak_key(CPU, torch.float32): first}
+    cache = ProbeCache("probes.json", fresh=lambda entry: age(entry) < datetime.timedelta(days=1), fields=("value",))
+    cache.path.write_bytes(content)
+    assert cache.get("a") is None and cache.get("c") is None
+    cache.put("a", {"value": 1})
+    assert cache.get("a")["value"] == 1 and list(cache.entries()) == ["a"]
 
 
 def test_weight_gradient_flops_of_grouped_convs_are_corrected():

@@ -95,7 +95,7 @@ def select(cfg: ReportConfig, client: mlflow.MlflowClient, uri: str) -> Selectio
         run_id = read_parent_id(folder)
         if run_id is None:
             raise UsageError(
-                f"{selector} has no {PARENT_ID_FILE} file: give the folder of a "
+                f"{selector} has no {PARENT_ID_FILE} file holding a run id: give the folder of a "
                 f"python -m src.train -m sweep, or parent=<run id>"
             )
         parent = parent_run(client, run_id, selector, uri)

@@ -4,6 +4,7 @@ through a file in the sweep folder, closed with a status from its jobs' runs."""
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import mlflow
@@ -21,12 +22,18 @@ from src.tracking.ui import log_links
 log = logging.getLogger(__name__)
 
 PARENT_ID_FILE = "mlflow_parent_run_id"
+RUN_ID = re.compile(r"[0-9a-f]{32}")  # what MLflow's stores name a run by (a UUID's hex)
 SKIPPED_TAG = "skipped."  # on a sweep's parent run: skipped.<job number> = "<overrides> -> <finished run id>"
 
 
 def read_parent_id(sweep_dir: Path) -> str | None:
-    path = sweep_dir / PARENT_ID_FILE
-    return path.read_text().strip() if path.exists() else None
+    """The parent run id the sweep wrote in its folder; None where there is none, or the file holds no run id (not
+    one a sweep wrote: damaged, or a folder)."""
+    try:
+        text = (sweep_dir / PARENT_ID_FILE).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text if RUN_ID.fullmatch(text) else None
 
 
 def job_parent_id() -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import itertools
+import os
 import re
 import subprocess
 import sys
@@ -636,7 +637,7 @@ def test_the_store_a_report_reads(tmp_path, recorded):
 BAD_SELECTORS = [
     (("parent=abc", "mlflow.experiment=medsweep"), "parent=abc and mlflow.experiment=medsweep: give exactly one of"),
     (("sweep={tmp}/nowhere",), "sweep={tmp}/nowhere: no such folder"),
-    (("sweep={tmp}",), f"sweep={{tmp}} has no {PARENT_ID_FILE} file"),
+    (("sweep={tmp}",), f"sweep={{tmp}} has no {PARENT_ID_FILE} file holding a run id"),
     (("parent=0123abc",), "parent=0123abc: run 0123abc is not in sqlite:///"),
     (("mlflow.experiment=nope",), "mlflow.experiment=nope is not in sqlite:///"),
 ]
@@ -648,6 +649,19 @@ def test_bad_selectors_name_the_value_and_the_fix(logged_sweep, tmp_path, overri
     with pytest.raises(UsageError) as raised:
         report(report_config(*(o.format(tmp=tmp_path) for o in overrides), f"mlflow.tracking_uri={store}"))
     assert str(raised.value).startswith(message.format(tmp=tmp_path))
+
+
+@pytest.mark.parametrize("damage", ["random bytes", "blank", "a folder"])
+def test_a_damaged_parent_id_file_names_the_folder_and_the_fix(logged_sweep, tmp_path, damage):
+    path = tmp_path / "sweep" / PARENT_ID_FILE
+    path.parent.mkdir()
+    if damage == "a folder":
+        path.mkdir()
+    else:
+        path.write_bytes(os.urandom(64) if damage == "random bytes" else b"  \n")
+    with pytest.raises(UsageError) as raised:
+        report(report_config(f"sweep={path.parent}", f"mlflow.tracking_uri={logged_sweep[3]}"))
+    assert str(raised.value).startswith(f"sweep={path.parent} has no {PARENT_ID_FILE} file holding a run id: give")
 
 
 def test_the_report_command_does_not_import_torch():

@@ -1,5 +1,6 @@
-"""Stop requests by signal (SIGTERM: SLURM preemption, ``kill``; SIGINT: Ctrl-C; submitit's requeue signal), acted on
-between steps, and the stop signals of a sweep's main process."""
+"""Stop requests by signal (SIGTERM: SLURM preemption, ``kill``; SIGINT: Ctrl-C; SIGHUP: the terminal or SSH session
+closed, unless ``nohup`` ignores it; submitit's requeue signal), acted on between steps, and the stop signals of a
+sweep's main process."""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ import psutil
 log = logging.getLogger(__name__)
 
 EXIT_PREEMPTED = 128 + signal.SIGTERM  # 143, the shell's code for "terminated by SIGTERM"
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+HANGUP = (signal.SIGHUP,) if signal.getsignal(signal.SIGHUP) is signal.SIG_DFL else ()  # () under nohup: ignored
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, *HANGUP)
 
 
 def exit_code(signum: int) -> int:
-    """The shell's code for a process ended by ``signum``: 143 for SIGTERM, 130 for SIGINT."""
+    """The shell's code for a process ended by ``signum``: 143 for SIGTERM, 130 for SIGINT, 129 for SIGHUP."""
     return 128 + signum
 
 

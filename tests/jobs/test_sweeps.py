@@ -181,12 +181,14 @@ def test_a_sweep_whose_data_cannot_be_had_creates_no_parent_run(tmp_path, store,
 # -- stop signals -------------------------------------------------------------------------------------------
 
 
-def start_sweep(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, Path]:
-    """``python -m src.train -m ARGS`` in a session of its own, its output in a file."""
+def start_sweep(tmp_path: Path, *args: str, nohup: bool = False) -> tuple[subprocess.Popen, Path]:
+    """``python -m src.train -m ARGS`` (under ``nohup``: SIGHUP ignored) in a session of its own, its output in a
+    file."""
+    tmp_path.mkdir(exist_ok=True)
     log = tmp_path / "sweep.log"
     with log.open("w") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "src.train", "-m", *args],
+            [*(["nohup"] if nohup else []), sys.executable, "-m", "src.train", "-m", *args],
             cwd=ROOT,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -271,6 +273,26 @@ def test_ctrl_c_stops_a_sweep_with_its_resume_command_and_no_job_starts_after_it
     (parent,), (job,) = sweep_runs(store)
     assert (parent.info.status, job.info.status, job.data.tags["preempted"]) == ("KILLED", "KILLED", "true")
     assert f"is KILLED and resumable: python -m src.train resume={job.info.run_id}" in text
+
+
+@pytest.mark.slow
+def test_a_hangup_stops_a_sweep_as_ctrl_c_does_and_nohup_lets_it_train_on(tmp_path, store, shared_data):
+    """SIGHUP to the whole process group, as a closed terminal or SSH session sends it: checkpointed, KILLED,
+    resumable; started under ``nohup`` (SIGHUP ignored), the sweep trains on and finishes."""
+    process, log = start_sweep(tmp_path, *small_run(tmp_path, store, shared_data, *TRAINING))
+    wait_for(log, "start-up", 1, process)
+    os.killpg(process.pid, signal.SIGHUP)
+    assert finish(process, log) == 129, log.read_text()[-3000:]
+    (parent,), (job,) = sweep_runs(store)
+    assert (parent.info.status, job.info.status, job.data.tags["preempted"]) == ("KILLED", "KILLED", "true")
+    assert "Traceback" not in log.read_text()
+
+    folder = tmp_path / "nohup"
+    process, log = start_sweep(folder, *small_run(folder, store, shared_data, *TRAINING, "seed=1"), nohup=True)
+    wait_for(log, "start-up", 1, process)
+    os.killpg(process.pid, signal.SIGHUP)
+    assert finish(process, log) == 0, log.read_text()[-3000:]
+    assert {r.info.status for r in sweep_runs(store)[1] if r.data.params["seed"] == "1"} == {"FINISHED"}
 
 
 @pytest.mark.slow

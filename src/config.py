@@ -28,6 +28,7 @@ URL = re.compile(r"https?://[^/\s]+\S*|file://\S+")
 SEED_MAX = 2**32 - 1  # NumPy's seed range is [0, 2**32 - 1]
 THREADS_MAX = 1024  # CPU threads of a process: past any one machine's cores; libgomp fails far above
 WORKERS_MAX = 64  # DataLoader worker processes of a rank
+EXPERIMENT_NAME_MAX, TAG_KEY_MAX = 500, 250  # MLflow's limits (mlflow.utils.validation), checked before it loads
 SAMPLE_INTERVAL_MIN_S = 1.0  # MLflow's system metrics: shorter intervals slowed training (docs/benchmarks.md)
 
 
@@ -52,6 +53,12 @@ def within_each(key: str, values: list, *bounds: Any, count: int | None = None, 
         raise ValueError(f"{key}={values} must be {count} values: {what}")
     for i, value in enumerate(values):
         within(f"{key}[{i}]", value, *bounds, **options)
+
+
+def not_longer(key: str, value: str | None, limit: int, whose: str) -> None:
+    """Refuse a string of more than ``limit`` characters (``whose`` limit it is)."""
+    if value is not None and len(value) > limit:
+        raise ValueError(f"{key} is {len(value)} characters long: at most {limit} ({whose})")
 
 
 def filled(key: str, value: str | None, null: bool = False) -> None:
@@ -406,6 +413,7 @@ class MlflowConfig(StoreConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         filled("mlflow.experiment", self.experiment)
+        not_longer("mlflow.experiment", self.experiment, EXPERIMENT_NAME_MAX, "MLflow's limit for an experiment name")
         fix = " (each sample writes to the store: 0.001 s slowed training 2.6x, docs/benchmarks.md)"
         within("mlflow.system_metrics_interval_s", self.system_metrics_interval_s, SAMPLE_INTERVAL_MIN_S, fix=fix)
 
@@ -496,6 +504,7 @@ class ReportMlflowConfig(StoreConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         filled("mlflow.experiment", self.experiment, null=True)
+        not_longer("mlflow.experiment", self.experiment, EXPERIMENT_NAME_MAX, "MLflow's limit for an experiment name")
 
 
 @dataclass
@@ -572,6 +581,7 @@ def check_tags(tags: list[str]) -> None:
     for name in tags:
         if not TAG_NAME.fullmatch(str(name)):
             raise ValueError(f"tags: {name!r} is not a tag name: use letters, digits, _ and - (tags=[baseline,amp])")
+        not_longer("tags: a name", str(name), TAG_KEY_MAX, "MLflow's limit for a tag key")
         if name in RESERVED_TAGS:
             raise ValueError(f"tags: {name} is a tag medsweep sets itself: choose another name")
 

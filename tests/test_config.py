@@ -16,6 +16,8 @@ from omegaconf import OmegaConf
 
 from src.cli import check_values
 from src.config import (
+    EXPERIMENT_NAME_MAX,
+    TAG_KEY_MAX,
     Activation,
     AmpDtype,
     Config,
@@ -368,6 +370,11 @@ BAD_VALUES = [
     ("warmup_epochs=3 epochs=3", "warmup_epochs=3 must be in [0, 3) (below epochs=3)"),
     ("ema_decay=1", "ema_decay=1.0 must be in (0, 1) or null (no EMA)"),
     ("grad_clip=0", "grad_clip=0.0 must be > 0 or null"),
+    (
+        f"mlflow.experiment={'e' * 501}",
+        "mlflow.experiment is 501 characters long: at most 500 (MLflow's limit for an experiment name)",
+    ),
+    (f"tags=[{'t' * 251}]", "tags: a name is 251 characters long: at most 250 (MLflow's limit for a tag key)"),
     ("tags=[status]", "tags: status is a tag medsweep sets itself: choose another name"),
     ("tags=[a.b]", "tags: 'a.b' is not a tag name: use letters, digits, _ and - (tags=[baseline,amp])"),
     ("data.size=32", "data.size=32 is not a MedMNIST 3D size: use data.size=28 or 64"),
@@ -592,3 +599,10 @@ def test_commands_check_the_values_as_one_usage_error_line(override, line):
     """The command wrapper's check before any command starts: ranges, missing values, OmegaConf's type errors."""
     with pytest.raises(UsageError, match=f"^{re.escape(line)}$"):
         check_values(compose_config(override))
+
+
+def test_the_name_limits_are_mlflows():
+    from mlflow.utils import validation
+
+    assert EXPERIMENT_NAME_MAX == validation.MAX_EXPERIMENT_NAME_LENGTH
+    assert TAG_KEY_MAX == validation.MAX_ENTITY_KEY_LENGTH

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from src.cli import check_values
 from src.errors import UsageError
 from src.schema_check import check_known_keys, composition_error
 
+SLURM_COMMANDS = ("sbatch", "srun")  # what submitit's SLURM executor runs
 LAUNCHER_MINIMA = {  # the launchers' counts (joblib, submitit) and their least value; n_jobs=-1: one job per CPU
     "n_jobs": 1,
     "timeout_min": 1,
@@ -49,7 +51,15 @@ def sweep_jobs(config: DictConfig) -> list[list[str]]:
 
 
 def check_launcher(config: DictConfig) -> None:
-    """The launcher's counts (``hydra.launcher.n_jobs`` ...) within their ranges."""
+    """The launcher's counts (``hydra.launcher.n_jobs`` ...) within their ranges; SLURM's commands where its jobs go
+    to SLURM."""
+    slurm = str(OmegaConf.select(config, "hydra.launcher._target_", default="")).endswith(".SlurmLauncher")
+    if slurm and (missing := [command for command in SLURM_COMMANDS if shutil.which(command) is None]):
+        raise UsageError(
+            f"hydra/launcher=submitit_slurm needs SLURM ({' and '.join(SLURM_COMMANDS)} on the PATH), and this "
+            f"machine lacks {' and '.join(missing)}: start the sweep on a SLURM login node, or use "
+            "hydra/launcher=joblib or submitit_local here"
+        )
     for key, least in LAUNCHER_MINIMA.items():
         value = OmegaConf.select(config, f"hydra.launcher.{key}", default=None)
         if value is None or (key == "n_jobs" and value == -1):

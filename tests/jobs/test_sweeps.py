@@ -178,6 +178,19 @@ def test_a_sweep_whose_data_cannot_be_had_creates_no_parent_run(tmp_path, store,
     assert runs(store) == []
 
 
+def test_the_slurm_launcher_on_a_machine_without_slurm_is_one_line_before_any_run(
+    tmp_path, store, shared_data, monkeypatch
+):
+    """Where SLURM's commands are not on the PATH (an empty folder here, so the test holds on a SLURM node too)."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    result = run_cli("-m", "hydra/launcher=submitit_slurm", *small_run(tmp_path, store, shared_data, "seed=0,1"))
+    assert one_error_line(result) == (
+        "error: hydra/launcher=submitit_slurm needs SLURM (sbatch and srun on the PATH), and this machine lacks sbatch "
+        "and srun: start the sweep on a SLURM login node, or use hydra/launcher=joblib or submitit_local here"
+    )
+    assert runs(store) == []
+
+
 # -- stop signals -------------------------------------------------------------------------------------------
 
 

@@ -21,6 +21,7 @@ import pandas as pd
 
 from src.config import ReportConfig
 from src.errors import UsageError
+from src.folders import writable
 from src.report import plots
 from src.report.analysis import (
     AUC,
@@ -321,13 +322,16 @@ def report(cfg: ReportConfig) -> Path:
         raise UsageError(f"mlflow.tracking_uri={uri}: no such store: set it to the store the runs logged to")
     client = ensure_store(uri)
     selection = with_tags(select(cfg, client, uri), cfg.tags)
+    out = Path(cfg.out).expanduser() if cfg.out else selection.out
+    writable(
+        out, f"out={out}" if cfg.out else f"the report's folder {out}", "give out=<a folder this process can write>"
+    )
     frame = run_frame(client, selection.runs)
     if not (frame["status"] == "FINISHED").any():
         raise UsageError(
             f"{selection.label} has no FINISHED run ({', '.join(sorted(set(frame['status'])))}): "
             f"nothing to compare; wait for the sweep or rerun its jobs"
         )
-    out = Path(cfg.out).expanduser() if cfg.out else selection.out
     margins = {effect.margin: getattr(cfg, effect.margin) for effect in EFFECTS}
     files = write_report(frame, selection, uri, out, margins)
     log.info("report of %d runs (%s): %s", len(frame), selection.label, ", ".join(str(f) for f in files))

@@ -664,6 +664,17 @@ def test_a_damaged_parent_id_file_names_the_folder_and_the_fix(logged_sweep, tmp
     assert str(raised.value).startswith(f"sweep={path.parent} has no {PARENT_ID_FILE} file holding a run id: give")
 
 
+def test_an_out_folder_that_cannot_be_written_is_refused_before_any_file(logged_sweep, tmp_path):
+    (tmp_path / "a-file").touch()
+    out = tmp_path / "a-file" / "report"
+    with pytest.raises(UsageError) as raised:
+        report(report_config(f"sweep={logged_sweep[2]}", f"out={out}", f"mlflow.tracking_uri={logged_sweep[3]}"))
+    assert (
+        str(raised.value)
+        == f"out={out} cannot be written (Not a directory): give out=<a folder this process can write>"
+    )
+
+
 def test_the_report_command_does_not_import_torch():
     """It composes conf/report.yaml only, so it spares the model zoo and torch (~2 s of its start)."""
     code = "import sys, src.report.__main__; print('torch' in sys.modules)"

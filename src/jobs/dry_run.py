@@ -11,7 +11,6 @@ import dataclasses
 import itertools
 import json
 import math
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -29,11 +28,10 @@ from src.jobs.plan import Plan, resolve_batch
 from src.jobs.resume import Resume
 from src.parallel import dist
 from src.parallel.launch import job_gpus
-from src.parallel.ranks import job_world, seed_everything, thread_count
+from src.parallel.ranks import job_world, ranks_on_node, seed_everything, thread_count
 from src.perf.memory import autocast_dtype
 from src.perf.memory_cache import predicted
 from src.perf.step_timing import step_time
-from src.resolve import check_split_sizes
 from src.tracking.identity import NOT_HASHED
 from src.tracking.runs import host
 from src.tracking.store import check_store, finished_runs
@@ -112,7 +110,6 @@ def report(plan: Plan, external: dist.Rank | None) -> float:
         if plan.finished:
             action, minutes, estimate = f"skip: finished run {plan.finished.info.run_id}", 0.0, "0 min"
         else:
-            check_split_sizes(cfg, world)
             rate = training_rate(plan, cfg, gpus, world)
             action = f"resume run {plan.resume.run_id}" if plan.resume else "run"
             minutes = job_seconds(cfg, world, rate.per_s, plan.resume) / 60
@@ -126,11 +123,6 @@ def report(plan: Plan, external: dist.Rank | None) -> float:
     else:
         print(total([listed]), flush=True)
     return math.nan
-
-
-def ranks_on_node(cfg: Config, world: int) -> int:
-    """The ranks sharing this node's cores: torchrun's ``LOCAL_WORLD_SIZE``, a spawned DDP job's ranks, else 1."""
-    return int(os.environ.get("LOCAL_WORLD_SIZE", world if cfg.parallel.mode is ParallelMode.ddp else 1))
 
 
 def comparable(run: Run) -> bool:

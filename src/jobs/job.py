@@ -30,7 +30,6 @@ from src.parallel.launch import job_gpus, spawn_ranks
 from src.parallel.preemption import Preempted, PreemptedExit, Preemption, requeue_signal
 from src.parallel.ranks import job_world
 from src.perf.startup import StartupClock
-from src.resolve import check_split_sizes
 from src.tracking.identity import code_fingerprint
 from src.tracking.runs import RunLogger, environment_tags, user_tags
 from src.tracking.store import best_metric, ensure_store
@@ -80,7 +79,6 @@ def run_attempts(plan: Plan, external: dist.Rank | None, clock: StartupClock, pr
     with job_gpus(HydraConfig.get(), plan.device) as gpus:
         world = job_world(plan.cfg, gpus, external)
         first, tags = resolve_batch(plan, world)
-        check_split_sizes(first, world)
         clock.mark("batch_size")
         resume = plan.resume
         for attempt in outcome.attempts(first):

@@ -21,9 +21,10 @@ from src.data import content_params
 from src.errors import UsageError
 from src.jobs.rerun import rerun_config
 from src.jobs.resume import Resume, explicit, requeued, resumable
+from src.parallel.ranks import ranks_on_node
 from src.perf import probe_cache
-from src.perf.autobatch import derived_batch, fit_batch, predicted_batch
-from src.resolve import validate
+from src.perf.autobatch import check_fits, derived_batch, fit_batch, predicted_batch
+from src.resolve import check_split_sizes, validate
 from src.tracking.identity import code_fingerprint, config_hash, flatten, run_name
 from src.tracking.store import ensure_store, finished_run, store_exists, tracking_uri
 from src.training import checkpoint
@@ -156,7 +157,8 @@ def save_job_config(stored: dict[str, Any], job_dir: Path) -> None:
 def resolve_batch(plan: Plan, world: int, probe: bool = True) -> tuple[Config, dict[str, str]]:
     """The config at the micro-batch and accumulation it trains with, and tags saying how they were chosen: as the
     resumed run trained, else ``batch_size=auto`` (predicted, then probed; ``probe=False``: predicted only, no tags),
-    ``derived``, or as given."""
+    ``derived``, or as given. Refused where the batch exceeds the training split, or (on a CPU) a batch not chosen
+    by the prediction is predicted past the memory free."""
     cfg, resume = plan.cfg, plan.resume
     if resume:
         if resume.world != world:
@@ -164,9 +166,12 @@ def resolve_batch(plan: Plan, world: int, probe: bool = True) -> tuple[Config, d
                 f"resume: run {resume.run_id} trained on {resume.world} ranks, this job has {world}: "
                 f"resume it with {resume.world} (parallel.nproc, or the launcher's tasks/GPUs)"
             )
-        return dataclasses.replace(cfg, batch_size=resume.batch_size, accumulate=resume.accumulate), {}
-    if cfg.batch_size == "auto":
-        return fit_batch(cfg, plan.device, world) if probe else (predicted_batch(cfg, plan.device, world), {})
-    if cfg.batch_size == "derived":
-        return derived_batch(cfg, world), {}
-    return cfg, {}
+        chosen, tags = dataclasses.replace(cfg, batch_size=resume.batch_size, accumulate=resume.accumulate), {}
+    elif cfg.batch_size == "auto":
+        chosen, tags = fit_batch(cfg, plan.device, world) if probe else (predicted_batch(cfg, plan.device, world), {})
+    else:
+        chosen, tags = derived_batch(cfg, world) if cfg.batch_size == "derived" else cfg, {}
+    check_split_sizes(chosen, world)
+    if resume or cfg.batch_size != "auto":
+        check_fits(chosen, plan.device, ranks_on_node(chosen, world))
+    return chosen, tags

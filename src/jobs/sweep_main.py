@@ -25,7 +25,6 @@ from src.jobs.sweep_checks import SweepJob
 from src.parallel import mps
 from src.parallel.preemption import SignalWatcher
 from src.parallel.ranks import job_world
-from src.resolve import check_split_sizes
 from src.tracking.store import check_store, ensure_store, tracking_uri
 from src.tracking.sweep import close_parent, open_parent
 
@@ -62,7 +61,7 @@ def check_plan(job: SweepJob, dry: bool) -> None:
     if plan.cfg.batch_size != "auto" or plan.resume:  # auto: the job's probe checks it
         gpus = tuple(range(torch.cuda.device_count())) if plan.device.type == "cuda" else ()
         world = job_world(plan.cfg, gpus)
-        check_split_sizes(resolve_batch(plan, world, probe=False)[0], world)
+        resolve_batch(plan, world, probe=False)  # it refuses a batch past the split or the memory
 
 
 @contextlib.contextmanager

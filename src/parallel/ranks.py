@@ -56,3 +56,9 @@ def job_world(cfg: Config, gpus: tuple[int, ...], external: dist.Rank | None = N
 def data_parallel_width(cfg: Config, gpus: tuple[int, ...]) -> int:
     """How many devices share one loader batch: the GPUs of ``parallel=dp``, else 1."""
     return len(gpus) if cfg.parallel.mode is ParallelMode.dp else 1
+
+
+def ranks_on_node(cfg: Config, world: int) -> int:
+    """The ranks sharing this node's cores and memory: torchrun's ``LOCAL_WORLD_SIZE``, a spawned DDP job's ranks,
+    else 1."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world if cfg.parallel.mode is ParallelMode.ddp else 1))

@@ -14,6 +14,7 @@ from src.data import load_splits, split_sizes
 from src.errors import UsageError
 from src.models.registry import MODELS
 from src.perf.memory import predict
+from src.perf.memory_cache import predicted
 from src.training.build import build_trainer
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,28 @@ def budget_mb(cfg: Config, device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0] / 2**20
     return int(re.search(r"^MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M).group(1)) / 1024
+
+
+def check_fits(cfg: Config, device: torch.device, ranks: int) -> None:
+    """On a CPU, a :class:`UsageError` where ``ranks`` processes of ``cfg`` are predicted to need more memory than the
+    budget (:func:`budget_mb`): the kernel would kill the job mid-run, its run left RUNNING. On a GPU an out of memory
+    is an error the job takes (status ``oom``, ``oom_retry``)."""
+    if device.type != "cpu":
+        return
+    each, budget = predicted(cfg, device).total_mb, budget_mb(cfg, device)
+    if ranks * each <= budget:
+        return
+    ranked = f"{ranks} ranks x {each / 1024:.1f} GiB" if ranks > 1 else f"{each / 1024:.1f} GiB"
+    room = (
+        f"mem_budget_mb={cfg.mem_budget_mb:g}"
+        if cfg.mem_budget_mb is not None
+        else f"the {budget / 1024:.1f} GiB free here (the kernel would kill the job mid-run)"
+    )
+    raise UsageError(
+        f"batch_size={cfg.batch_size}: the memory predictor puts this job's peak at {ranked}, more than {room}: "
+        "lower batch_size, or batch_size=auto (the largest that fits), or save memory (amp=true, "
+        "model.checkpointing=true)"
+    )
 
 
 def usable_mb(budget: float, device: torch.device) -> float:

@@ -12,8 +12,9 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
+from src.errors import UsageError
 from src.models.profile import forward_flops, train_flops
-from src.perf.autobatch import CPU_HEADROOM, predicted_candidates, usable_mb
+from src.perf.autobatch import CPU_HEADROOM, check_fits, predicted_candidates, usable_mb
 from src.perf.memory import predict
 from src.perf.probe_cache import ProbeCache, age
 from src.training.meters import KNOWN_PEAKS, PEAK_MAX_AGE, cached_peaks, peak_cache_file, peak_flops, peak_key
@@ -237,6 +238,19 @@ def test_auto_batch_keeps_the_headroom_free_on_cpu_only(tmp_path, store, shared_
     for budget, batches in [(at_4 + 1, [2]), (at_4 / (1 - CPU_HEADROOM) + 1, [4, 2])]:  # BatchNorm: 2 or more
         assert predicted_candidates(dataclasses.replace(cfg, mem_budget_mb=budget), CPU, 1) == (budget, batches)
     assert usable_mb(1000.0, CPU) == 1000.0 * (1 - CPU_HEADROOM) and usable_mb(1000.0, torch.device("cuda")) == 1000.0
+
+
+def test_a_given_batch_past_the_memory_free_is_refused_on_cpu(shared_data):
+    """Past it the kernel kills the job mid-run (its run left RUNNING); a GPU's out of memory is the job's to take."""
+    cfg = OmegaConf.to_object(compose_config("model=resnet10", "batch_size=4", f"data.root={shared_data}"))
+    check_fits(cfg, CPU, ranks=1)
+    with pytest.raises(
+        UsageError, match=r"^batch_size=4: the memory predictor puts this job's peak at 1000000 ranks x "
+    ):
+        check_fits(cfg, CPU, ranks=1_000_000)  # past any machine
+    with pytest.raises(UsageError, match=r"GiB, more than mem_budget_mb=1: lower batch_size, or batch_size=auto"):
+        check_fits(dataclasses.replace(cfg, mem_budget_mb=1), CPU, ranks=1)
+    check_fits(dataclasses.replace(cfg, mem_budget_mb=1), torch.device("cuda"), ranks=1)  # not a CPU: the job's
 
 
 @pytest.mark.slow

@@ -187,13 +187,15 @@ def resumable(client: mlflow.MlflowClient, cfg: Config, hashed: str) -> tuple[Re
     )
     for run in unfinished:
         folder = Path(run.data.tags.get("output_dir", ""))
-        if not run.data.tags.get("output_dir") or not (folder / checkpoint.FILE).is_file():
+        if not run.data.tags.get("output_dir"):
             continue
-        if in_use(folder):
+        if in_use(folder):  # checkpointed or not yet: a second command of the same sweep must not train it again
             log.info(
                 "run %s of this config is training now (%s is in use): this job trains nothing", run.info.run_id, folder
             )
             return None, run.info.run_id
+        if not (folder / checkpoint.FILE).is_file():
+            continue
         try:
             resume = Resume.from_state(checkpoint.load(folder / checkpoint.FILE, mmap=True), folder)
             why = not_resumed(run, resume)

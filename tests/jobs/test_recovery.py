@@ -101,6 +101,19 @@ def test_an_unfinished_run_of_the_same_config_and_code_is_resumed_others_are_nam
     assert skipped.resume is None
 
 
+def test_a_live_run_of_the_same_config_without_a_checkpoint_yet_is_not_trained_twice(tmp_path, store):
+    """The same sweep started twice: the second command's job finds the first's run training (its folder held)
+    before that run wrote any checkpoint; it trained the config again."""
+    client = ensure_store(store)
+    overrides = ["model=resnet10", f"mlflow.tracking_uri={store}"]
+    typed, hashed = OmegaConf.to_object(compose_config(*overrides)), config_hash(flatten(compose_config(*overrides)))
+    tags = {"output_dir": str(tmp_path / "live"), "config_hash": hashed, "code_fingerprint": code_fingerprint()}
+    live = client.create_run(experiment_id(client, "medsweep"), tags=tags).info.run_id  # RUNNING, nothing on disk
+    assert resumable(client, typed, hashed) == (None, None)  # its process is gone: a new run trains it
+    with held(tmp_path / "live", "job", "wait"):
+        assert resumable(client, typed, hashed) == (None, live)
+
+
 def test_resume_of_a_config_that_already_finished_is_refused(tmp_path, store):
     client = ensure_store(store)
     overrides = ["model=resnet10", f"mlflow.tracking_uri={store}"]

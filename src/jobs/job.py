@@ -39,6 +39,7 @@ from src.tracking.ui import log_links
 log = logging.getLogger(__name__)
 
 FOLDER_IN_USE = "wait for it to end, or give this job another folder (hydra.run.dir, or hydra.sweep.dir with -m)"
+RESUMED_IN_USE = "it trains the run to resume now: wait for it to end"
 
 
 def train_job(cfg: DictConfig, clock: StartupClock, preemption: Preemption) -> float:
@@ -63,7 +64,7 @@ def run_job(cfg: DictConfig, clock: StartupClock, preemption: Preemption) -> flo
         except Preempted:
             raise PreemptedExit(preemption.exit_code) from None
         return float("nan")
-    with held(plan.output_dir, "job", FOLDER_IN_USE):
+    with held(plan.output_dir, "job", RESUMED_IN_USE if plan.resume else FOLDER_IN_USE):
         return run_attempts(plan, external, clock, preemption)
 
 

@@ -136,7 +136,9 @@ def test_a_run_in_use_is_not_resumed_by_another_process(tmp_path, store, shared_
     killed = unfinished_run(client, ["model=resnet10"], tmp_path / "run", "KILLED")
     with held(tmp_path / "run", "job", "wait"):
         result = run_cli(f"resume={tmp_path / 'run'}", f"mlflow.tracking_uri={store}", f"hydra.run.dir={tmp_path}/x")
-    assert one_error_line(result).startswith(f"error: {tmp_path / 'run'} is in use by another job (pid ")
+    line = one_error_line(result)
+    assert line.startswith(f"error: {tmp_path / 'run'} is in use by another job (pid ")
+    assert line.endswith("): it trains the run to resume now: wait for it to end")
     assert mlflow.MlflowClient(store).get_run(killed).info.status == "KILLED"
 
 

@@ -78,6 +78,7 @@ CASES = {  # name: (module, overrides as one string); {tmp}, {store} and {data} 
     "threads past any machine": ("src.train", "num_threads=100000"),
     "a process per worker past any machine": ("src.train", "data.loader=dataloader data.num_workers=100000"),
     "a batch past the memory budget": ("src.train", "mem_budget_mb=1"),
+    "one sample on BatchNorm's 1^3 map": ("src.train", "batch_size=1"),
     "a job in its own folder": ("src.train", "hydra.job.chdir=true"),
     "sweep jobs in their own folders": ("src.train", "-m hydra.job.chdir=true seed=0,1"),
     "synthetic volumes past any memory": (

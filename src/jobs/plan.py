@@ -23,7 +23,7 @@ from src.jobs.rerun import rerun_config
 from src.jobs.resume import Resume, explicit, requeued, resumable
 from src.parallel.ranks import ranks_on_node
 from src.perf import probe_cache
-from src.perf.autobatch import check_fits, derived_batch, fit_batch, predicted_batch
+from src.perf.autobatch import check_fits, check_one_sample, derived_batch, fit_batch, predicted_batch
 from src.resolve import check_split_sizes, validate
 from src.tracking.identity import code_fingerprint, config_hash, flatten, run_name
 from src.tracking.store import ensure_store, finished_run, store_exists, tracking_uri
@@ -172,6 +172,7 @@ def resolve_batch(plan: Plan, world: int, probe: bool = True) -> tuple[Config, d
     else:
         chosen, tags = derived_batch(cfg, world) if cfg.batch_size == "derived" else cfg, {}
     check_split_sizes(chosen, world)
+    check_one_sample(chosen)
     if resume or cfg.batch_size != "auto":
         check_fits(chosen, plan.device, ranks_on_node(chosen, world))
     return chosen, tags

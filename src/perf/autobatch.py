@@ -12,6 +12,7 @@ import torch
 from src.config import Config, Norm
 from src.data import load_splits, split_sizes
 from src.errors import UsageError
+from src.models import build_model
 from src.models.registry import MODELS
 from src.perf.memory import predict
 from src.perf.memory_cache import predicted
@@ -62,6 +63,25 @@ def usable_mb(budget: float, device: torch.device) -> float:
 
 def predicted_mb(cfg: Config, device: torch.device, batch_size: int) -> float:
     return predict(dataclasses.replace(cfg, batch_size=batch_size), device, batch_size).total_mb
+
+
+def check_one_sample(cfg: Config) -> None:
+    """A :class:`UsageError` where a micro-batch of 1 meets BatchNorm on a 1^3 map, which cannot train on one value
+    per channel (a forward pass on the meta device finds it: no memory, no compute)."""
+    if cfg.batch_size != 1 or cfg.model.norm is not Norm.batch:
+        return
+    with torch.device("meta"):
+        model = build_model(cfg.model, cfg.data).train()
+        try:
+            model(torch.empty(1, cfg.data.in_channels, *[cfg.data.size] * 3))
+        except ValueError as err:
+            if "more than 1 value per channel" not in str(err):
+                raise
+            raise UsageError(
+                f"batch_size=1: model={cfg.model.name} at data.size={cfg.data.size} reaches a 1^3 map, where "
+                "BatchNorm cannot train on one sample: use batch_size=2 or more (accumulate keeps the effective "
+                "batch), or model.norm=group or instance"
+            ) from None
 
 
 def smallest_batch(cfg: Config) -> int:

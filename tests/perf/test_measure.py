@@ -14,7 +14,7 @@ from torch import nn
 
 from src.errors import UsageError
 from src.models.profile import forward_flops, train_flops
-from src.perf.autobatch import CPU_HEADROOM, check_fits, predicted_candidates, usable_mb
+from src.perf.autobatch import CPU_HEADROOM, check_fits, check_one_sample, predicted_candidates, usable_mb
 from src.perf.memory import predict
 from src.perf.probe_cache import ProbeCache, age
 from src.training.meters import KNOWN_PEAKS, PEAK_MAX_AGE, cached_peaks, peak_cache_file, peak_flops, peak_key
@@ -251,6 +251,23 @@ def test_a_given_batch_past_the_memory_free_is_refused_on_cpu(shared_data):
     with pytest.raises(UsageError, match=r"GiB, more than mem_budget_mb=1: lower batch_size, or batch_size=auto"):
         check_fits(dataclasses.replace(cfg, mem_budget_mb=1), CPU, ranks=1)
     check_fits(dataclasses.replace(cfg, mem_budget_mb=1), torch.device("cuda"), ranks=1)  # not a CPU: the job's
+
+
+@pytest.mark.parametrize(
+    "overrides,refused",
+    [
+        (["batch_size=1"], True),
+        (["batch_size=1", "data.size=64"], False),
+        (["batch_size=1", "model.norm=group"], False),
+    ],
+)
+def test_one_sample_on_batchnorms_1_cubed_map_is_refused(shared_data, overrides, refused):
+    cfg = OmegaConf.to_object(compose_config("model=resnet10", f"data.root={shared_data}", *overrides))
+    if not refused:
+        check_one_sample(cfg)
+        return
+    with pytest.raises(UsageError, match=r"^batch_size=1: model=resnet10 at data.size=28 reaches a 1\^3 map, where"):
+        check_one_sample(cfg)
 
 
 @pytest.mark.slow

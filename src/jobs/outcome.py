@@ -27,6 +27,7 @@ from src.errors import UsageError
 from src.folders import LOCK_FILE
 from src.jobs.plan import Plan
 from src.parallel.preemption import Preempted, PreemptedExit, Preemption
+from src.perf.autobatch import one_sample_fails
 from src.perf.memory import predict
 from src.tracking.identity import code_fingerprint
 from src.tracking.runs import RunLogger
@@ -58,12 +59,15 @@ def skip(plan: Plan) -> float:
 
 def attempts(cfg: Config) -> Iterator[Config]:
     """The config, then, while ``oom_retry`` allows, half the micro-batch and twice the accumulation (the same
-    effective batch) after each out-of-memory attempt."""
+    effective batch) after each out-of-memory attempt; not down to one sample where BatchNorm cannot train on it."""
     while True:
         yield cfg
         if not (cfg.oom_retry and cfg.batch_size > 1):
             return
-        cfg = dataclasses.replace(cfg, batch_size=cfg.batch_size // 2, accumulate=cfg.accumulate * 2)
+        half = dataclasses.replace(cfg, batch_size=cfg.batch_size // 2, accumulate=cfg.accumulate * 2)
+        if one_sample_fails(half):
+            return
+        cfg = half
 
 
 def read_oom(output_dir: Path) -> dict[str, float] | None:

@@ -66,10 +66,20 @@ def predicted_mb(cfg: Config, device: torch.device, batch_size: int) -> float:
 
 
 def check_one_sample(cfg: Config) -> None:
-    """A :class:`UsageError` where a micro-batch of 1 meets BatchNorm on a 1^3 map, which cannot train on one value
-    per channel (a forward pass on the meta device finds it: no memory, no compute)."""
+    """A :class:`UsageError` where :func:`one_sample_fails`."""
+    if one_sample_fails(cfg):
+        raise UsageError(
+            f"batch_size=1: model={cfg.model.name} at data.size={cfg.data.size} reaches a 1^3 map, where BatchNorm "
+            "cannot train on one sample: use batch_size=2 or more (accumulate keeps the effective batch), or "
+            "model.norm=group or instance"
+        )
+
+
+def one_sample_fails(cfg: Config) -> bool:
+    """Whether a micro-batch of 1 meets BatchNorm on a 1^3 map, which cannot train on one value per channel (a
+    forward pass on the meta device finds it: no memory, no compute)."""
     if cfg.batch_size != 1 or cfg.model.norm is not Norm.batch:
-        return
+        return False
     with torch.device("meta"):
         model = build_model(cfg.model, cfg.data).train()
         try:
@@ -77,11 +87,8 @@ def check_one_sample(cfg: Config) -> None:
         except ValueError as err:
             if "more than 1 value per channel" not in str(err):
                 raise
-            raise UsageError(
-                f"batch_size=1: model={cfg.model.name} at data.size={cfg.data.size} reaches a 1^3 map, where "
-                "BatchNorm cannot train on one sample: use batch_size=2 or more (accumulate keeps the effective "
-                "batch), or model.norm=group or instance"
-            ) from None
+            return True
+    return False
 
 
 def smallest_batch(cfg: Config) -> int:

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from src.errors import UsageError
+from src.jobs.outcome import attempts
 from src.models.profile import forward_flops, train_flops
 from src.perf.autobatch import CPU_HEADROOM, check_fits, check_one_sample, predicted_candidates, usable_mb
 from src.perf.memory import predict
@@ -70,6 +71,16 @@ def test_oom_retry_halves_the_micro_batch_and_keeps_the_effective_batch(tmp_path
     assert first.data.params["effective_batch_size"] == retry.data.params["effective_batch_size"] == "8"
     parent = next(r for r in runs(store) if r.data.tags.get("role") == "sweep")
     assert parent.info.status == "FINISHED"  # the job's last attempt succeeded
+
+
+@pytest.mark.parametrize(
+    "overrides,batches", [([], [8, 4, 2]), (["data.size=64"], [8, 4, 2, 1]), (["model.norm=group"], [8, 4, 2, 1])]
+)
+def test_oom_retries_stop_before_one_sample_batchnorm_cannot_train_on(shared_data, overrides, batches):
+    cfg = OmegaConf.to_object(
+        compose_config("model=resnet10", "batch_size=8", "oom_retry=true", f"data.root={shared_data}", *overrides)
+    )
+    assert [(c.batch_size, c.accumulate) for c in attempts(cfg)] == [(b, 8 // b) for b in batches]
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from src.cli import check_values
 from src.errors import UsageError
 from src.schema_check import check_known_keys, composition_error
+from src.tracking.identity import run_name
 
 SLURM_COMMANDS = ("sbatch", "srun")  # what submitit's SLURM executor runs
 LAUNCHER_MINIMA = {  # the launchers' counts (joblib, submitit) and their least value; n_jobs=-1: one job per CPU
@@ -104,7 +105,7 @@ def checked_jobs(config: DictConfig) -> list[SweepJob]:
     overrides_of = sweep_jobs(config)
     jobs = []
     for num, overrides in enumerate(overrides_of):
-        name = " ".join(o for o in overrides if any(o not in other for other in overrides_of)) or " ".join(overrides)
+        name = " ".join(o for o in overrides if any(o not in other for other in overrides_of)) or run_name(overrides)
         with job_errors(num, name, overrides):
             composed = loader.load_sweep_config(config, overrides)
             with open_dict(composed):

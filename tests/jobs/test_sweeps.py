@@ -191,6 +191,12 @@ def test_the_slurm_launcher_on_a_machine_without_slurm_is_one_line_before_any_ru
     assert runs(store) == []
 
 
+def test_a_one_job_sweep_is_named_by_what_changes_results_its_stores_password_left_out(tmp_path):
+    uri = "postgresql+psycopg://u:secret@127.0.0.1:9/mlflow"
+    result = run_cli("-m", "optim.lr=-1", f"mlflow.tracking_uri={uri}", f"hydra.sweep.dir={tmp_path}/sweep")
+    assert one_error_line(result) == "error: job 0 (optim.lr=-1): optim.lr=-1.0 must be >= 0 (0 freezes the weights)"
+
+
 # -- stop signals -------------------------------------------------------------------------------------------
 
 

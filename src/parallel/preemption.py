@@ -1,4 +1,4 @@
-"""Stop requests by signal (SIGTERM: SLURM preemption, ``kill``; SIGINT: Ctrl-C; SIGHUP: the terminal or SSH session
+"""Stop requests by signal (SIGTERM: SLURM preemption, ``kill``; SIGINT: Ctrl-C; SIGHUP: the terminal or SSH connection
 closed, unless ``nohup`` ignores it; submitit's requeue signal), acted on between steps, and the stop signals of a
 sweep's main process."""
 

@@ -296,7 +296,7 @@ def test_ctrl_c_stops_a_sweep_with_its_resume_command_and_no_job_starts_after_it
 
 @pytest.mark.slow
 def test_a_hangup_stops_a_sweep_as_ctrl_c_does_and_nohup_lets_it_train_on(tmp_path, store, shared_data):
-    """SIGHUP to the whole process group, as a closed terminal or SSH session sends it: checkpointed, KILLED,
+    """SIGHUP to the whole process group, as a closed terminal or SSH connection sends it: checkpointed, KILLED,
     resumable; started under ``nohup`` (SIGHUP ignored), the sweep trains on and finishes."""
     process, log = start_sweep(tmp_path, *small_run(tmp_path, store, shared_data, *TRAINING))
     wait_for(log, "start-up", 1, process)

@@ -19,6 +19,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from src.errors import UsageError, exit_with
+from src.parallel.machine_share import outside_sweep
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,7 @@ class RunFolder(Callback):
     it (a sweep's folder: :class:`src.jobs.sweep.Sweep`)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        outside_sweep()
         try:
             check_no_chdir(config)
             writable(Path(config.hydra.run.dir), f"hydra.run.dir={config.hydra.run.dir}")

@@ -156,9 +156,9 @@ def save_job_config(stored: dict[str, Any], job_dir: Path) -> None:
 
 def resolve_batch(plan: Plan, world: int, probe: bool = True) -> tuple[Config, dict[str, str]]:
     """The config at the micro-batch and accumulation it trains with, and tags saying how they were chosen: as the
-    resumed run trained, else ``batch_size=auto`` (predicted, then probed; ``probe=False``: predicted only, no tags),
-    ``derived``, or as given. Refused where the batch exceeds the training split, or (on a CPU) a batch not chosen
-    by the prediction is predicted past the memory free."""
+    resumed run trained (its threads too), else ``batch_size=auto`` (predicted, then probed; ``probe=False``:
+    predicted only, no tags), ``derived``, or as given. Refused where the batch exceeds the training split, or (on a
+    CPU) a batch not chosen by the prediction is predicted past the memory free."""
     cfg, resume = plan.cfg, plan.resume
     if resume:
         if resume.world != world:
@@ -166,7 +166,13 @@ def resolve_batch(plan: Plan, world: int, probe: bool = True) -> tuple[Config, d
                 f"resume: run {resume.run_id} trained on {resume.world} ranks, this job has {world}: "
                 f"resume it with {resume.world} (parallel.nproc, or the launcher's tasks/GPUs)"
             )
-        chosen, tags = dataclasses.replace(cfg, batch_size=resume.batch_size, accumulate=resume.accumulate), {}
+        chosen = dataclasses.replace(
+            cfg,
+            batch_size=resume.batch_size,
+            accumulate=resume.accumulate,
+            num_threads=cfg.num_threads or resume.threads,  # results change with the thread count
+        )
+        tags = {}
     elif cfg.batch_size == "auto":
         chosen, tags = fit_batch(cfg, plan.device, world) if probe else (predicted_batch(cfg, plan.device, world), {})
     else:

@@ -107,7 +107,7 @@ def train_rank(job: Job, rank: dist.Rank, device: torch.device, preemption: Pree
     reporter = MainReporter(job, device, world) if rank.is_main else Reporter()
     hooks = Hooks(
         checkpoint_to=job.output_dir / checkpoint.FILE if rank.is_main else None,
-        checkpoint_meta=job.checkpoint_meta,
+        checkpoint_meta={**job.checkpoint_meta, "threads": threads},  # a resumed run keeps them: resume.Resume
         preemption=preemption,
         epoch_metrics=reporter.epoch_metrics,
     )

@@ -45,6 +45,7 @@ class Resume:
     batch_size: int  # as trained (batch_size=auto / derived / an OOM retry chose it)
     accumulate: int
     world: int
+    threads: int | None = None  # each rank's CPU threads as trained (checkpoints written before 2026-11-27 lack it)
 
     @property
     def path(self) -> Path:
@@ -64,6 +65,7 @@ class Resume:
             state["batch_size"],
             state["accumulate"],
             state["world"],
+            state.get("threads"),
         )
 
 

@@ -39,11 +39,21 @@ LAUNCHER_MINIMA = {  # the launchers' counts (joblib, submitit) and their least 
 }
 
 
+def grid(config: DictConfig) -> bool:
+    """Whether Hydra's basic sweeper runs the sweep: every job known in advance."""
+    return config.hydra.sweeper._target_.endswith(".BasicSweeper")
+
+
+def handed_at_once(config: DictConfig, jobs: list[SweepJob]) -> int:
+    """How many jobs the sweeper hands the launcher at a time: a grid sweep's every job, Optuna's ``n_jobs`` trials."""
+    return len(jobs) if grid(config) else max(1, OmegaConf.select(config, "hydra.sweeper.n_jobs", default=1))
+
+
 def sweep_jobs(config: DictConfig) -> list[list[str]]:
     """The overrides of each job of a grid sweep (Hydra's basic sweeper: its ``params``, then the command line's);
     a sweeper that picks each trial from the results before it (Optuna) has one known job: its fixed config."""
     task = list(config.hydra.overrides.task)
-    if not config.hydra.sweeper._target_.endswith(".BasicSweeper"):
+    if not grid(config):
         return [[o for o in task if "," not in o]]
     params = [f"{key}={value}" for key, value in (OmegaConf.select(config, "hydra.sweeper.params") or {}).items()]
     parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())

@@ -17,12 +17,14 @@ import mlflow
 import torch
 from omegaconf import DictConfig
 
+from src.config import Device
 from src.data import check_file, ensure_file
 from src.folders import held
 from src.jobs.plan import plan_job, resolve_batch
 from src.jobs.sweep import MPS_DIR, STOP_FILE, Stop, read_stop, signalled, write_stop
-from src.jobs.sweep_checks import SweepJob
-from src.parallel import mps
+from src.jobs.sweep_checks import SweepJob, handed_at_once
+from src.parallel import machine_share, mps
+from src.parallel.launch import launcher_jobs
 from src.parallel.preemption import SignalWatcher
 from src.parallel.ranks import job_world
 from src.tracking.store import check_store, ensure_store, tracking_uri
@@ -36,14 +38,17 @@ def open_sweep(config: DictConfig, jobs: list[SweepJob]) -> SweepMain | None:
     sweep; None for a dry run, which holds and opens nothing."""
     sweep_dir, uri = Path(config.hydra.sweep.dir), tracking_uri(config)
     check_store(uri)
+    gpus = torch.cuda.device_count() if config.device is not Device.cpu else 0
+    at_once = min(handed_at_once(config, jobs), launcher_jobs(config.hydra))
+    kept = contextlib.ExitStack()
+    atexit.register(kept.close)  # an exit before the parent run opens lets the folder and MPS go too
+    kept.enter_context(machine_share.shared(at_once))  # before the plans: each job checks its share of the memory
     for job in jobs:
         with job.named():
             check_plan(job, dry=config.dry_run)
-    sharing = mps.sweep_sharing(config)
+    sharing = mps.sharing(config.gpu_share, at_once, gpus)
     if config.dry_run:
         return None
-    kept = contextlib.ExitStack()
-    atexit.register(kept.close)  # an exit before the parent run opens lets the folder and MPS go too
     kept.enter_context(held(sweep_dir, "sweep", "wait for it to end, or give this one hydra.sweep.dir"))
     client = ensure_store(uri)
     kept.enter_context(mps.shared(sharing, sweep_dir / MPS_DIR))

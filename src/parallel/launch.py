@@ -76,7 +76,7 @@ def job_gpus(hydra_cfg: DictConfig, device: torch.device) -> Iterator[tuple[int,
     """This job's GPUs (none when it runs on the CPU): all visible ones, or, under a launcher running ``n_jobs`` jobs
     at once on this machine, its own share, held through a slot lock for the job's lifetime."""
     count = torch.cuda.device_count() if device.type == "cuda" else 0
-    n_jobs = jobs_at_once(hydra_cfg, count)
+    n_jobs = launcher_jobs(hydra_cfg)
     if not count or n_jobs <= 1:
         yield tuple(range(count))
         return
@@ -85,8 +85,12 @@ def job_gpus(hydra_cfg: DictConfig, device: torch.device) -> Iterator[tuple[int,
         yield tuple((slot * per_job + i) % count for i in range(per_job))
 
 
-def jobs_at_once(hydra_cfg: DictConfig, gpus: int) -> int:
-    """How many jobs run at once on this machine: a sweep's launcher's ``n_jobs`` (joblib's -1, as many jobs as CPUs,
-    taken as at most one per GPU), else 1."""
+def launcher_jobs(hydra_cfg: DictConfig) -> int:
+    """How many jobs a sweep's launcher runs at once on this machine: its ``n_jobs`` (joblib's -1: one per CPU, as
+    joblib counts them), else 1."""
     n_jobs = OmegaConf.select(hydra_cfg, "launcher.n_jobs", default=1) if hydra_cfg.mode is RunMode.MULTIRUN else 1
-    return gpus if n_jobs == -1 else n_jobs
+    if n_jobs == -1:
+        import joblib  # the launcher's own count: affinity and CPU quotas
+
+        return joblib.cpu_count()
+    return n_jobs

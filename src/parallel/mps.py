@@ -14,19 +14,15 @@ from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
 
-import torch
-from omegaconf import DictConfig
-
-from src.config import Device, GpuShare
+from src.config import GpuShare
 from src.errors import UsageError
-from src.parallel.launch import jobs_at_once
+from src.parallel.machine_share import SHARE_ENV
 
 log = logging.getLogger(__name__)
 
 CONTROL = "nvidia-cuda-mps-control"
 PIPE_ENV, LOG_ENV = "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"
 DEFAULT_PIPE = "/tmp/nvidia-mps"  # the daemon's pipe folder where CUDA_MPS_PIPE_DIRECTORY is unset
-SHARE_ENV = "MEDSWEEP_GPU_SHARE"  # mps or none, set by a sweep whose jobs share GPUs; each job tags its run with it
 PIPE_ROOM = 80  # bytes of a pipe folder's path: a UNIX socket's path holds 107, the daemon's socket names go inside
 COST = "graphed jobs time-slice a GPU without MPS: 4 jobs gave 0.90x the samples/s of one on an H100 (2026-11-24)"
 TIMEOUT_S = 60
@@ -83,13 +79,6 @@ def serving_pipe() -> Path:
     return Path(os.environ.get(PIPE_ENV) or DEFAULT_PIPE)
 
 
-def sweep_sharing(config: DictConfig) -> Sharing:
-    """The sweep's sharing from its main process's config; a :class:`UsageError` where ``gpu_share=mps`` cannot be
-    had."""
-    gpus = torch.cuda.device_count() if config.device is not Device.cpu else 0
-    return sharing(config.gpu_share, jobs_at_once(config.hydra, gpus), gpus)
-
-
 def sharing(setting: GpuShare, jobs: int, gpus: int) -> Sharing:
     """``jobs`` at once on ``gpus`` visible GPUs (0: on the CPU), on this machine; a :class:`UsageError` where
     ``gpu_share=mps`` cannot be had."""
@@ -141,7 +130,7 @@ def shared(sharing: Sharing, folder: Path) -> Iterator[None]:
 def run_tags() -> dict[str, str]:
     """A job's ``gpu_share`` tag (``mps`` or ``none``) where its sweep's jobs share a GPU."""
     share = os.environ.get(SHARE_ENV)
-    return {"gpu_share": share} if share else {}
+    return {"gpu_share": share} if share in ("mps", "none") else {}
 
 
 @dataclasses.dataclass(frozen=True)

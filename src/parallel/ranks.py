@@ -10,6 +10,7 @@ import torch
 
 from src.config import Config, ParallelMode
 from src.parallel import dist
+from src.parallel.machine_share import jobs_at_once
 
 
 def seed_everything(cfg: Config, ranks_on_node: int = 1) -> int:
@@ -28,8 +29,9 @@ def seed_everything(cfg: Config, ranks_on_node: int = 1) -> int:
 
 
 def thread_count(cfg: Config, ranks_on_node: int = 1) -> int:
-    """A rank's CPU threads: ``num_threads``, else this process's cores shared by the ranks on its node."""
-    return cfg.num_threads or max(1, len(os.sched_getaffinity(0)) // ranks_on_node)
+    """A rank's CPU threads: ``num_threads``, else this process's cores shared by the ranks on its node and by the
+    jobs of its sweep running at once on this machine."""
+    return cfg.num_threads or max(1, len(os.sched_getaffinity(0)) // (ranks_on_node * jobs_at_once()))
 
 
 def wrap(

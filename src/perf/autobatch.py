@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
-from pathlib import Path
 
 import torch
 
@@ -14,6 +12,7 @@ from src.data import load_splits, split_sizes
 from src.errors import UsageError
 from src.models import build_model
 from src.models.registry import MODELS
+from src.parallel.machine_share import free_at_start_mb, jobs_at_once, memory_share_mb
 from src.perf.memory import predict
 from src.perf.memory_cache import predicted
 from src.training.build import build_trainer
@@ -26,33 +25,44 @@ CPU_HEADROOM = 0.15
 
 
 def budget_mb(cfg: Config, device: torch.device) -> float:
-    """``mem_budget_mb``, or the device's free memory (CUDA: free device memory; CPU: MemAvailable)."""
+    """``mem_budget_mb``, or the device's free memory (CUDA: free device memory; CPU: MemAvailable, the job's share
+    of it where its sweep runs several jobs at once: :func:`memory_share_mb`)."""
     if cfg.mem_budget_mb is not None:
         return cfg.mem_budget_mb
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0] / 2**20
-    return int(re.search(r"^MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M).group(1)) / 1024
+    return memory_share_mb()
 
 
 def check_fits(cfg: Config, device: torch.device, ranks: int) -> None:
     """On a CPU, a :class:`UsageError` where ``ranks`` processes of ``cfg`` are predicted to need more memory than the
-    budget (:func:`budget_mb`): the kernel would kill the job mid-run, its run left RUNNING. On a GPU an out of memory
-    is an error the job takes (status ``oom``, ``oom_retry``)."""
+    usable part of the budget (:func:`budget_mb`, :func:`usable_mb`): the kernel would kill the job mid-run, its run
+    left RUNNING. On a GPU an out of memory is an error the job takes (status ``oom``, ``oom_retry``)."""
     if device.type != "cpu":
         return
     each, budget = predicted(cfg, device).total_mb, budget_mb(cfg, device)
-    if ranks * each <= budget:
+    if ranks * each <= usable_mb(budget, device):
         return
     ranked = f"{ranks} ranks x {each / 1024:.1f} GiB" if ranks > 1 else f"{each / 1024:.1f} GiB"
-    room = (
-        f"mem_budget_mb={cfg.mem_budget_mb:g}"
-        if cfg.mem_budget_mb is not None
-        else f"the {budget / 1024:.1f} GiB free here (the kernel would kill the job mid-run)"
-    )
+    free = free_at_start_mb()
+    fewer = "lower hydra.launcher.n_jobs, or " if free is not None and cfg.mem_budget_mb is None else ""
     raise UsageError(
-        f"batch_size={cfg.batch_size}: the memory predictor puts this job's peak at {ranked}, more than {room}: "
-        "lower batch_size, or batch_size=auto (the largest that fits), or save memory (amp=true, "
-        "model.checkpointing=true)"
+        f"batch_size={cfg.batch_size}: the memory predictor puts this job's peak at {ranked}, more than "
+        f"{budget_room(cfg, budget, free)} less {CPU_HEADROOM:.0%} (CPU peaks spread run to run; the kernel would kill "
+        f"the job mid-run): {fewer}lower batch_size, or batch_size=auto (the largest that fits), or save memory "
+        "(amp=true, model.checkpointing=true)"
+    )
+
+
+def budget_room(cfg: Config, budget: float, free_at_start: float | None) -> str:
+    """Where a CPU job's budget comes from, in words."""
+    if cfg.mem_budget_mb is not None:
+        return f"mem_budget_mb={cfg.mem_budget_mb:g}"
+    if free_at_start is None:
+        return f"the {budget / 1024:.1f} GiB free here"
+    return (
+        f"this job's share of the {free_at_start / 1024:.1f} GiB free, {budget / 1024:.1f} GiB ({jobs_at_once()} jobs "
+        "of the sweep at once)"
     )
 
 

@@ -259,7 +259,7 @@ def test_a_given_batch_past_the_memory_free_is_refused_on_cpu(shared_data):
         UsageError, match=r"^batch_size=4: the memory predictor puts this job's peak at 1000000 ranks x "
     ):
         check_fits(cfg, CPU, ranks=1_000_000)  # past any machine
-    with pytest.raises(UsageError, match=r"GiB, more than mem_budget_mb=1: lower batch_size, or batch_size=auto"):
+    with pytest.raises(UsageError, match=r"GiB, more than mem_budget_mb=1 less 15% \(CPU peaks .*\): lower batch_size"):
         check_fits(dataclasses.replace(cfg, mem_budget_mb=1), CPU, ranks=1)
     check_fits(dataclasses.replace(cfg, mem_budget_mb=1), torch.device("cuda"), ranks=1)  # not a CPU: the job's
 

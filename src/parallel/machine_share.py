@@ -1,0 +1,68 @@
+"""A sweep's jobs running at once on one machine (joblib's ``n_jobs``) share its cores and its memory. The sweep's
+main process records how many run at once and the memory free before the first starts, in the environment that the
+launcher's workers and the jobs' ranks inherit; each job takes its share of both. docs/sweeps.md."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import psutil
+
+JOBS_ENV = "MEDSWEEP_JOBS_AT_ONCE"  # the sweep's jobs running at once on this machine
+FREE_ENV = "MEDSWEEP_FREE_MB"  # the memory free (MemAvailable, MiB) before the sweep's first job started
+SHARE_ENV = "MEDSWEEP_GPU_SHARE"  # mps or none, where the jobs share GPUs (src.parallel.mps); each tags its run with it
+
+
+def free_mb() -> float:
+    """The memory free on this machine now (Linux's ``MemAvailable``), MiB."""
+    return psutil.virtual_memory().available / 2**20
+
+
+def recorded(name: str) -> float | None:
+    """A positive number the sweep recorded under ``name``; None where it is unset or not one."""
+    try:
+        value = float(os.environ.get(name, ""))
+    except ValueError:
+        return None
+    return value if 0 < value < float("inf") else None
+
+
+def jobs_at_once() -> int:
+    """The jobs of this process's sweep running at once on this machine, this one included; 1 outside such a sweep."""
+    return int(recorded(JOBS_ENV) or 1)
+
+
+def free_at_start_mb() -> float | None:
+    """The memory free before this process's sweep started, where several of its jobs run at once; else None."""
+    return recorded(FREE_ENV) if jobs_at_once() > 1 else None
+
+
+def memory_share_mb() -> float:
+    """This job's share of the machine's memory: what was free before its sweep started over the jobs running at
+    once (their peaks come later); outside such a sweep, what is free now."""
+    free = free_at_start_mb()
+    return free / jobs_at_once() if free else free_mb()
+
+
+@contextlib.contextmanager
+def shared(jobs: int) -> Iterator[None]:
+    """Record ``jobs`` at once and the memory free now for the jobs the ``with`` block starts (none where ``jobs`` is
+    1, a stray value in the environment included)."""
+    before = {name: os.environ.pop(name, None) for name in (JOBS_ENV, FREE_ENV)}
+    if jobs > 1:
+        os.environ.update({JOBS_ENV: str(jobs), FREE_ENV: f"{free_mb():.0f}"})
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            os.environ.pop(name, None)
+            if value is not None:
+                os.environ[name] = value
+
+
+def outside_sweep() -> None:
+    """A single run is no sweep's job: what a sweep records for its jobs, left in the environment, is dropped."""
+    for name in (JOBS_ENV, FREE_ENV, SHARE_ENV):
+        os.environ.pop(name, None)

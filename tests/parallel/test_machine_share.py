@@ -1,0 +1,113 @@
+"""A sweep's jobs running at once share the machine's cores and memory: real environments, real configs, real joblib
+sweeps and single runs in real processes, a real MLflow store."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import mlflow
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from src.errors import UsageError
+from src.parallel import machine_share
+from src.parallel.machine_share import FREE_ENV, JOBS_ENV, SHARE_ENV
+from src.parallel.ranks import thread_count
+from src.perf.autobatch import check_fits
+from src.perf.memory_cache import predicted
+from src.training import checkpoint
+from tests.helpers import compose_config, run_cli, runs, small_run
+
+CORES = len(os.sched_getaffinity(0))
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for name in (JOBS_ENV, FREE_ENV, SHARE_ENV):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_a_sweep_records_its_jobs_and_the_memory_free_and_puts_the_environment_back(clean_env):
+    clean_env.setenv(JOBS_ENV, "7")  # a stray value, as a shell may hold
+    with machine_share.shared(3):
+        assert machine_share.jobs_at_once() == 3
+        free = machine_share.free_at_start_mb()
+        assert free is not None and free > 0
+        assert machine_share.memory_share_mb() == pytest.approx(free / 3)
+    assert os.environ[JOBS_ENV] == "7" and FREE_ENV not in os.environ
+    with machine_share.shared(1):  # one job at a time: nothing shared, strays dropped
+        assert machine_share.jobs_at_once() == 1 and machine_share.free_at_start_mb() is None
+        assert JOBS_ENV not in os.environ
+
+
+@pytest.mark.parametrize("value", ["", "abc", "0", "-2", "inf", "nan", "1e999"])
+def test_a_value_no_sweep_could_record_counts_as_no_sweep(clean_env, value):
+    clean_env.setenv(JOBS_ENV, value)
+    clean_env.setenv(FREE_ENV, value)
+    assert machine_share.jobs_at_once() == 1 and machine_share.free_at_start_mb() is None
+    assert machine_share.memory_share_mb() == pytest.approx(machine_share.free_mb(), rel=0.2)
+
+
+def test_the_jobs_at_once_divide_the_cores_and_the_ranks_divide_them_again(clean_env):
+    cfg = OmegaConf.to_object(compose_config("num_threads=null"))
+    clean_env.setenv(JOBS_ENV, "2")
+    assert thread_count(cfg) == max(1, CORES // 2) and thread_count(cfg, ranks_on_node=2) == max(1, CORES // 4)
+    clean_env.setenv(JOBS_ENV, str(10 * CORES))
+    assert thread_count(cfg) == 1
+    assert thread_count(dataclasses.replace(cfg, num_threads=3)) == 3  # given: kept
+
+
+def test_a_batch_that_fits_alone_but_not_beside_the_sweeps_other_jobs_is_refused_naming_n_jobs(clean_env, shared_data):
+    cfg = OmegaConf.to_object(compose_config("model=resnet10", "batch_size=4", f"data.root={shared_data}"))
+    each = predicted(cfg, CPU).total_mb
+    clean_env.setenv(FREE_ENV, f"{2 * each:.0f}")  # fits alone (less the headroom), not 2 at once
+    clean_env.setenv(JOBS_ENV, "1")
+    check_fits(cfg, CPU, ranks=1)
+    clean_env.setenv(JOBS_ENV, "2")
+    with pytest.raises(UsageError) as refused:
+        check_fits(cfg, CPU, ranks=1)
+    assert "this job's share of the" in str(refused.value) and "(2 jobs of the sweep at once) less 15%" in str(
+        refused.value
+    )
+    assert ": lower hydra.launcher.n_jobs, or lower batch_size" in str(refused.value)
+    check_fits(dataclasses.replace(cfg, mem_budget_mb=2 * each), CPU, ranks=1)  # a budget given is the job's own
+
+
+def test_a_joblib_sweep_gives_each_job_its_share_of_the_cores(tmp_path, store, shared_data):
+    """The shipped launcher runs 2 jobs at once: each used to take every core, twice as many threads as cores."""
+    overrides = small_run(tmp_path, store, shared_data, "epochs=1", "limit_batches=1", "num_threads=null")
+    result = run_cli("-m", *overrides, "seed=0,1", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = [run for run in runs(store) if run.data.tags.get("role") != "sweep"]
+    assert len(jobs) == 2 and {run.data.tags["num_threads"] for run in jobs} == {str(max(1, CORES // 2))}
+
+
+def test_a_single_run_ignores_what_a_sweep_records_for_its_jobs(tmp_path, store, shared_data, clean_env):
+    for name, value in ((JOBS_ENV, "64"), (FREE_ENV, "1"), (SHARE_ENV, "rogue")):
+        clean_env.setenv(name, value)
+    result = run_cli(*small_run(tmp_path, store, shared_data, "epochs=1", "limit_batches=1", "num_threads=null"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = runs(store)
+    assert run.data.tags["num_threads"] == str(CORES) and "gpu_share" not in run.data.tags
+
+
+@pytest.mark.slow
+def test_a_job_of_a_parallel_sweep_resumed_alone_keeps_the_threads_it_trained_with(tmp_path, store, shared_data):
+    """Results change with the thread count: the checkpoint holds it, and the resumed run trains on with it."""
+    shared = max(1, CORES // 2)
+    overrides = small_run(tmp_path, store, shared_data, "num_threads=null", "fault.term_step=4")
+    stopped = run_cli("-m", *overrides, "seed=0,1", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    run = next(run for run in runs(store) if run.data.tags.get("role") != "sweep")
+    assert run.info.status == "KILLED"
+    state = torch.load(Path(run.data.tags["output_dir"]) / checkpoint.FILE, weights_only=True)
+    assert state["threads"] == shared
+    again = run_cli(f"resume={run.info.run_id}", f"mlflow.tracking_uri={store}", f"hydra.run.dir={tmp_path}/again")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"rank 0/1 on cpu with {shared} threads" in again.stdout + again.stderr
+    assert mlflow.MlflowClient(store).get_run(run.info.run_id).data.tags["num_threads"] == str(shared)

@@ -29,6 +29,7 @@ SEED_MAX = 2**32 - 1  # NumPy's seed range is [0, 2**32 - 1]
 THREADS_MAX = 1024  # CPU threads of a process: past any one machine's cores; libgomp fails far above
 WORKERS_MAX = 64  # DataLoader worker processes of a rank
 EXPERIMENT_NAME_MAX, TAG_KEY_MAX = 500, 250  # MLflow's limits (mlflow.utils.validation), checked before it loads
+MODEL_NAME_BANNED = ("/", ":")  # what MLflow refuses in a registered model's name (mlflow.utils.validation)
 SAMPLE_INTERVAL_MIN_S = 1.0  # MLflow's system metrics: shorter intervals slowed training (docs/benchmarks.md)
 
 
@@ -340,6 +341,10 @@ class SchedConfig:
 
     def __post_init__(self) -> None:
         within_each("sched.milestones", self.milestones, 0, 1, "()", fix=" (a fraction of the epochs)")
+        if list(self.milestones) != sorted(set(self.milestones)):  # the scheduler sorts them: one training, two hashes
+            increasing = ",".join(f"{m:g}" for m in sorted(set(self.milestones)))
+            given = list(self.milestones)
+            raise ValueError(f"sched.milestones={given} must increase, each once: give sched.milestones=[{increasing}]")
         within("sched.gamma", self.gamma, 0, 1, "(]", fix=" (the factor at each milestone)")
         within("sched.min_lr", self.min_lr, 0)
         within("sched.base_lr", self.base_lr, 0, ends="()")
@@ -525,6 +530,8 @@ class ReportConfig:
     def __post_init__(self) -> None:
         for key in ("sweep", "parent", "out", "register"):
             filled(key, getattr(self, key), null=True)
+        if self.register and (banned := [c for c in MODEL_NAME_BANNED if c in self.register]):
+            raise ValueError(f"register={self.register}: MLflow's model names cannot hold {' or '.join(banned)}")
         within("margin", self.margin, 0, 1, "[]", fix=" (an AUC difference)")
         for key in ("speed_margin", "memory_margin"):
             within(key, getattr(self, key), 0, 1, "[]", fix=" (a fraction of the baseline: 0.05 is 5%)")

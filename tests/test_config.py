@@ -12,11 +12,13 @@ import mlflow
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+from mlflow.exceptions import MlflowException
 from omegaconf import OmegaConf
 
 from src.cli import check_values
 from src.config import (
     EXPERIMENT_NAME_MAX,
+    MODEL_NAME_BANNED,
     TAG_KEY_MAX,
     Activation,
     AmpDtype,
@@ -445,6 +447,11 @@ BAD_VALUES = [
     ("sched.milestones=[0.5,1.0]", "sched.milestones[1]=1.0 must be in (0, 1) (a fraction of the epochs)"),
     ("sched.milestones=[0,0.5]", "sched.milestones[0]=0.0 must be in (0, 1) (a fraction of the epochs)"),
     ("sched.milestones=[inf]", "sched.milestones[0]=inf must be in (0, 1) (a fraction of the epochs)"),
+    (
+        "sched.milestones=[0.75,0.5]",
+        "sched.milestones=[0.75, 0.5] must increase, each once: give sched.milestones=[0.5,0.75]",
+    ),
+    ("sched.milestones=[0.5,0.5]", "sched.milestones=[0.5, 0.5] must increase, each once: give sched.milestones=[0.5]"),
     ("sched.min_lr=-0.1", "sched.min_lr=-0.1 must be >= 0"),
     (
         "sched=cosine sched.min_lr=0.01",
@@ -498,6 +505,8 @@ def test_the_data_keys_a_dataset_reads_are_taken():
         ("margin=-0.1", "margin=-0.1 must be in [0, 1] (an AUC difference)"),
         ("margin=1.5", "margin=1.5 must be in [0, 1] (an AUC difference)"),
         ("tags=[bad tag]", "tags: 'bad tag' is not a tag name: use letters, digits, _ and - (tags=[baseline,amp])"),
+        ("register=team/best", "register=team/best: MLflow's model names cannot hold /"),
+        ("register=a:b/c", "register=a:b/c: MLflow's model names cannot hold / or :"),
     ],
 )
 def test_report_values_outside_their_range_are_refused(override, message):
@@ -606,3 +615,7 @@ def test_the_name_limits_are_mlflows():
 
     assert EXPERIMENT_NAME_MAX == validation.MAX_EXPERIMENT_NAME_LENGTH
     assert TAG_KEY_MAX == validation.MAX_ENTITY_KEY_LENGTH
+    for banned in MODEL_NAME_BANNED:
+        with pytest.raises(MlflowException, match="Invalid model name"):
+            validation._validate_model_name(f"best{banned}model")
+    validation._validate_model_name("best model-1.0")  # the rest passes

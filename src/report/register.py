@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import mlflow
@@ -14,8 +15,19 @@ log = logging.getLogger(__name__)
 RANKED_BY = "val/auc"  # at the tested epoch (select_by); never the test split, which would leak into the choice
 
 
-def register_best(frame: pd.DataFrame, runs: list[Run], name: str, uri: str) -> str:
-    """Register the logged model of the FINISHED run with the highest ``val/auc`` under ``name``; its version."""
+@dataclasses.dataclass(frozen=True)
+class Best:
+    """The FINISHED run with the highest ``val/auc``, of ``among``, and its logged model."""
+
+    run_id: str
+    model_id: str
+    val_auc: float
+    among: int
+
+
+def best_model(frame: pd.DataFrame, runs: list[Run], name: str) -> Best:
+    """The model ``register=<name>`` takes: the logged model of the FINISHED run with the highest ``val/auc``; a
+    :class:`UsageError` where there is none, before the report is written."""
     finished = frame[(frame["status"] == "FINISHED") & frame[RANKED_BY].notna()]
     if finished.empty:
         raise UsageError(f"register={name}: no FINISHED run has {RANKED_BY}: nothing to register")
@@ -27,17 +39,21 @@ def register_best(frame: pd.DataFrame, runs: list[Run], name: str, uri: str) -> 
             f"register={name}: run {run.info.run_id} (best {RANKED_BY} {best[RANKED_BY]:.4f}) logged no model: "
             f"train it with mlflow.log_model=true (python -m src.train rerun={run.info.run_id} mlflow.log_model=true)"
         )
-    model_id = outputs[-1].model_id
+    return Best(run.info.run_id, outputs[-1].model_id, float(best[RANKED_BY]), len(finished))
+
+
+def register(best: Best, name: str, uri: str) -> str:
+    """Register ``best``'s model under ``name`` in the registry of the store ``uri``; its version."""
     mlflow.set_tracking_uri(uri)  # the registry of the store the runs are in
-    version = mlflow.register_model(f"models:/{model_id}", name, tags={RANKED_BY: f"{best[RANKED_BY]:.6g}"})
+    version = mlflow.register_model(f"models:/{best.model_id}", name, tags={RANKED_BY: f"{best.val_auc:.6g}"})
     log.info(
         "registered %s version %s: run %s (%s %.4f, the best of %d), model %s",
         name,
         version.version,
-        run.info.run_id,
+        best.run_id,
         RANKED_BY,
-        best[RANKED_BY],
-        len(finished),
-        model_id,
+        best.val_auc,
+        best.among,
+        best.model_id,
     )
     return version.version

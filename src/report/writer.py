@@ -44,7 +44,7 @@ from src.report.analysis import (
     unfit_for_speed,
     verdict_text,
 )
-from src.report.register import register_best
+from src.report.register import best_model, register
 from src.report.runs import (
     METRICS,
     Selection,
@@ -332,11 +332,12 @@ def report(cfg: ReportConfig) -> Path:
             f"{selection.label} has no FINISHED run ({', '.join(sorted(set(frame['status'])))}): "
             f"nothing to compare; wait for the sweep or rerun its jobs"
         )
+    best = best_model(frame, selection.runs, cfg.register) if cfg.register else None
     margins = {effect.margin: getattr(cfg, effect.margin) for effect in EFFECTS}
     files = write_report(frame, selection, uri, out, margins)
     log.info("report of %d runs (%s): %s", len(frame), selection.label, ", ".join(str(f) for f in files))
-    if cfg.register:
-        register_best(frame, selection.runs, cfg.register, uri)
+    if best:
+        register(best, cfg.register, uri)
     if selection.parent_id:
         for path in files:
             client.log_artifact(selection.parent_id, str(path), "report")

@@ -105,6 +105,7 @@ def test_without_log_model_a_run_logs_no_model_and_register_says_how_to_get_one(
         f"train it with mlflow.log_model=true (python -m src.train rerun={run.info.run_id} mlflow.log_model=true)"
     )
     assert report.stderr.strip().splitlines() == [line]
+    assert not (tmp_path / "report" / "report.md").exists()  # refused before the report is written
 
 
 def run_val_auc(uri: str, run: mlflow.entities.Run) -> str:

@@ -39,7 +39,7 @@ def open_sweep(config: DictConfig, jobs: list[SweepJob]) -> SweepMain | None:
     sweep_dir, uri = Path(config.hydra.sweep.dir), tracking_uri(config)
     check_store(uri)
     gpus = torch.cuda.device_count() if config.device is not Device.cpu else 0
-    at_once = min(handed_at_once(config, jobs), launcher_jobs(config.hydra))
+    at_once = launcher_jobs(config.hydra, handed_at_once(config, jobs))
     kept = contextlib.ExitStack()
     atexit.register(kept.close)  # an exit before the parent run opens lets the folder and MPS go too
     kept.enter_context(machine_share.shared(at_once))  # before the plans: each job checks its share of the memory

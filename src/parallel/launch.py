@@ -17,6 +17,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from src.parallel import dist
+from src.parallel.machine_share import jobs_at_once
 from src.parallel.preemption import Preempted, Preemption, signals_blocked
 
 METRICS_FILE = "metrics.json"  # rank 0's final metrics, in the job's output folder
@@ -73,10 +74,10 @@ def spawn_ranks(entry: Callable[..., None], job: Any, world: int, preemption: Pr
 
 @contextlib.contextmanager
 def job_gpus(hydra_cfg: DictConfig, device: torch.device) -> Iterator[tuple[int, ...]]:
-    """This job's GPUs (none when it runs on the CPU): all visible ones, or, under a launcher running ``n_jobs`` jobs
-    at once on this machine, its own share, held through a slot lock for the job's lifetime."""
+    """This job's GPUs (none when it runs on the CPU): all visible ones, or, where its sweep runs several jobs at once
+    on this machine (:func:`jobs_at_once`), its own share, held through a slot lock for the job's lifetime."""
     count = torch.cuda.device_count() if device.type == "cuda" else 0
-    n_jobs = launcher_jobs(hydra_cfg)
+    n_jobs = jobs_at_once()
     if not count or n_jobs <= 1:
         yield tuple(range(count))
         return
@@ -85,12 +86,17 @@ def job_gpus(hydra_cfg: DictConfig, device: torch.device) -> Iterator[tuple[int,
         yield tuple((slot * per_job + i) % count for i in range(per_job))
 
 
-def launcher_jobs(hydra_cfg: DictConfig) -> int:
-    """How many jobs a sweep's launcher runs at once on this machine: its ``n_jobs`` (joblib's -1: one per CPU, as
-    joblib counts them), else 1."""
-    n_jobs = OmegaConf.select(hydra_cfg, "launcher.n_jobs", default=1) if hydra_cfg.mode is RunMode.MULTIRUN else 1
+def launcher_jobs(hydra_cfg: DictConfig, handed: int) -> int:
+    """How many of the ``handed`` jobs a sweep's launcher runs at once on this machine: joblib's ``n_jobs`` (-1: one
+    per CPU, as joblib counts them), submitit's local launcher every one; else 1 (Hydra's basic launcher runs them in
+    turn, SLURM on its nodes)."""
+    if hydra_cfg.mode is not RunMode.MULTIRUN:
+        return 1
+    if str(OmegaConf.select(hydra_cfg, "launcher._target_", default="")).endswith(".LocalLauncher"):
+        return handed
+    n_jobs = OmegaConf.select(hydra_cfg, "launcher.n_jobs", default=1)
     if n_jobs == -1:
         import joblib  # the launcher's own count: affinity and CPU quotas
 
-        return joblib.cpu_count()
-    return n_jobs
+        n_jobs = joblib.cpu_count()
+    return min(handed, n_jobs)

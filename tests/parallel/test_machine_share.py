@@ -7,19 +7,22 @@ import dataclasses
 import os
 from pathlib import Path
 
+import joblib
 import mlflow
 import pytest
 import torch
+from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from src.errors import UsageError
 from src.parallel import machine_share
+from src.parallel.launch import launcher_jobs
 from src.parallel.machine_share import FREE_ENV, JOBS_ENV, SHARE_ENV
 from src.parallel.ranks import thread_count
 from src.perf.autobatch import check_fits
 from src.perf.memory_cache import predicted
 from src.training import checkpoint
-from tests.helpers import compose_config, run_cli, runs, small_run
+from tests.helpers import ROOT, compose_config, run_cli, runs, small_run
 
 CORES = len(os.sched_getaffinity(0))
 CPU = torch.device("cpu")
@@ -78,13 +81,36 @@ def test_a_batch_that_fits_alone_but_not_beside_the_sweeps_other_jobs_is_refused
     check_fits(dataclasses.replace(cfg, mem_budget_mb=2 * each), CPU, ranks=1)  # a budget given is the job's own
 
 
-def test_a_joblib_sweep_gives_each_job_its_share_of_the_cores(tmp_path, store, shared_data):
-    """The shipped launcher runs 2 jobs at once: each used to take every core, twice as many threads as cores."""
+@pytest.mark.parametrize("launcher", ["joblib", pytest.param("submitit_local", marks=pytest.mark.slow)])
+def test_a_sweep_running_its_jobs_side_by_side_gives_each_its_share_of_the_cores(
+    launcher, tmp_path, store, shared_data
+):
+    """joblib's 2 jobs at once (the shipped preset), submitit's local launcher every job at once: each job used to
+    take every core, the jobs together twice as many threads as cores."""
     overrides = small_run(tmp_path, store, shared_data, "epochs=1", "limit_batches=1", "num_threads=null")
-    result = run_cli("-m", *overrides, "seed=0,1", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
+    result = run_cli("-m", *overrides, "seed=0,1", f"hydra/launcher={launcher}")
     assert result.returncode == 0, result.stderr[-3000:]
     jobs = [run for run in runs(store) if run.data.tags.get("role") != "sweep"]
     assert len(jobs) == 2 and {run.data.tags["num_threads"] for run in jobs} == {str(max(1, CORES // 2))}
+
+
+@pytest.mark.parametrize(
+    "launcher,overrides,handed,at_once",
+    [
+        ("joblib", {}, 6, 2),  # the shipped n_jobs=2
+        ("joblib", {"n_jobs": 8}, 3, 3),  # never more than the sweeper hands it
+        ("joblib", {"n_jobs": -1}, 10_000, joblib.cpu_count()),
+        ("submitit_local", {}, 5, 5),  # every job at once, each its own process
+        ("submitit_slurm", {}, 5, 1),  # on SLURM's nodes
+        (None, {}, 5, 1),  # Hydra's basic launcher: in turn, in this process
+    ],
+)
+def test_the_jobs_a_launcher_runs_at_once_on_this_machine(launcher, overrides, handed, at_once):
+    shipped = OmegaConf.load(ROOT / "conf" / "hydra" / "launcher" / f"{launcher}.yaml") if launcher else {}
+    hydra_cfg = OmegaConf.create({"mode": RunMode.MULTIRUN, "launcher": OmegaConf.merge(shipped, overrides)})
+    assert launcher_jobs(hydra_cfg, handed) == at_once
+    hydra_cfg.mode = RunMode.RUN
+    assert launcher_jobs(hydra_cfg, handed) == 1
 
 
 def test_a_single_run_ignores_what_a_sweep_records_for_its_jobs(tmp_path, store, shared_data, clean_env):

@@ -4,6 +4,7 @@ imports neither torch nor MLflow: Hydra loads its callback for every command."""
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import json
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from src.errors import UsageError, exit_with
+from src.parallel.machine_share import jobs_at_once
 
 FOLDER = "dry_run"  # in the sweep folder: one <job>.json per job
 
@@ -42,14 +44,29 @@ def rounded(minutes: float) -> str:
     return f"{minutes:.0f}" if minutes >= 10 else f"{minutes:.2g}"
 
 
-def total(listed: list[JobEstimate]) -> str:
-    """The total line: jobs to run and to skip, their estimated minutes, the largest predicted peak of those to run."""
+def total(listed: list[JobEstimate], at_once: int = 1) -> str:
+    """The total line: jobs to run and to skip, their estimated minutes, the largest predicted peak of those to run;
+    with ``at_once`` jobs at a time on this machine, the minutes until the last ends and the peaks together."""
     running = [job for job in listed if job.runs]
     peak = max((job.peak_mb for job in running), default=0.0)
-    return (
+    line = (
         f"total: {len(running)} to run, {len(listed) - len(running)} to skip | "
         f"~{rounded(sum(job.minutes for job in running))} min | largest peak {peak:.0f} MiB"
     )
+    if at_once <= 1:
+        return line
+    together = sum(sorted((job.peak_mb for job in running), reverse=True)[:at_once])
+    span = rounded(makespan([job.minutes for job in running], at_once))
+    return f"{line} | {at_once} at once: ~{span} min, peaks up to {together:.0f} MiB together"
+
+
+def makespan(minutes: list[float], workers: int) -> float:
+    """When the last of the jobs ends, each started in turn on the first of ``workers`` to be free (as joblib
+    dispatches them)."""
+    free = [0.0] * workers
+    for length in minutes:
+        heapq.heapreplace(free, free[0] + length)
+    return max(free)
 
 
 def folder(config: DictConfig) -> Path:
@@ -78,4 +95,5 @@ class DryRunTotal(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if config.dry_run:
             files = sorted(folder(config).glob("*.json"), key=lambda path: int(path.stem))
-            print(total([JobEstimate(**json.loads(path.read_text())) for path in files]), flush=True)
+            listed = [JobEstimate(**json.loads(path.read_text())) for path in files]
+            print(total(listed, jobs_at_once()), flush=True)

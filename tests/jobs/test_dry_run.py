@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from src.jobs.dry_run import Rate, job_seconds
-from src.jobs.dry_run_total import rounded
+from src.jobs.dry_run_total import JobEstimate, makespan, rounded, total
 from src.jobs.resume import Resume
 from src.perf import memory_cache, step_timing
 from src.perf.autobatch import CPU_HEADROOM
@@ -131,7 +131,10 @@ def test_a_parallel_dry_sweep_on_a_store_not_created_yet_times_the_jobs_and_crea
         name, peak = job(tmp_path, new_store, shared_data, seed)
         prefix = f"job {seed}: {name} | run | peak {peak:.0f} MiB at batch 4 | "
         assert line.startswith(prefix) and re.fullmatch(TIMED, line[len(prefix) :])
-    assert re.fullmatch(rf"total: 2 to run, 0 to skip \| ~[0-9.e-]+ min \| largest peak {peak:.0f} MiB", last)
+    together = rf"2 at once: ~[0-9.e-]+ min, peaks up to {2 * peak:.0f} MiB together"
+    assert re.fullmatch(
+        rf"total: 2 to run, 0 to skip \| ~[0-9.e-]+ min \| largest peak {peak:.0f} MiB \| {together}", last
+    )
 
 
 @pytest.mark.slow
@@ -267,3 +270,14 @@ def test_a_memory_prediction_is_read_back_from_the_cache(tmp_path, monkeypatch, 
     assert len(calls) == 1
     (tmp_path / memory_cache.CACHE.name).write_text("not json")  # an unreadable cache is predicted anew
     assert memory_cache.predicted(cfg, device) == predict(cfg, device) and len(calls) == 2
+
+
+def test_the_total_of_jobs_run_at_once_gives_when_the_last_ends_and_their_peaks_together():
+    def estimate(job: int, minutes: float, peak: float, action: str = "run") -> JobEstimate:
+        return JobEstimate(job, f"seed={job}", action, 4, peak, minutes, f"~{minutes} min")
+
+    listed = [estimate(0, 3.0, 500), estimate(1, 1.0, 700), estimate(2, 1.0, 600), estimate(3, 0, 900, "skip: x")]
+    alone = "total: 3 to run, 1 to skip | ~5 min | largest peak 700 MiB"
+    assert total(listed) == alone and total(listed, at_once=1) == alone
+    assert total(listed, at_once=2) == f"{alone} | 2 at once: ~3 min, peaks up to 1300 MiB together"
+    assert makespan([1.0, 1.0, 1.0], 2) == 2.0 and makespan([], 2) == 0.0  # joblib's order: the third waits

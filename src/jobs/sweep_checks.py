@@ -46,7 +46,7 @@ def grid(config: DictConfig) -> bool:
 
 def handed_at_once(config: DictConfig, jobs: list[SweepJob]) -> int:
     """How many jobs the sweeper hands the launcher at a time: a grid sweep's every job, Optuna's ``n_jobs`` trials."""
-    return len(jobs) if grid(config) else max(1, OmegaConf.select(config, "hydra.sweeper.n_jobs", default=1))
+    return len(jobs) if grid(config) else max(1, OmegaConf.select(config, "hydra.sweeper.n_jobs", default=1) or 1)
 
 
 def sweep_jobs(config: DictConfig) -> list[list[str]]:

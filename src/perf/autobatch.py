@@ -45,7 +45,12 @@ def check_fits(cfg: Config, device: torch.device, ranks: int) -> None:
         return
     ranked = f"{ranks} ranks x {each / 1024:.1f} GiB" if ranks > 1 else f"{each / 1024:.1f} GiB"
     free = free_at_start_mb()
-    fewer = "lower hydra.launcher.n_jobs, or " if free is not None and cfg.mem_budget_mb is None else ""
+    fewer = (
+        "run fewer jobs at once (hydra/launcher=joblib hydra.launcher.n_jobs=<n>: submitit_local runs every job at "
+        "once), or "
+        if free is not None and cfg.mem_budget_mb is None
+        else ""
+    )
     raise UsageError(
         f"batch_size={cfg.batch_size}: the memory predictor puts this job's peak at {ranked}, more than "
         f"{budget_room(cfg, budget, free)} less {CPU_HEADROOM:.0%} (CPU peaks spread run to run; the kernel would kill "

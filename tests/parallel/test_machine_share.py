@@ -77,7 +77,8 @@ def test_a_batch_that_fits_alone_but_not_beside_the_sweeps_other_jobs_is_refused
     assert "this job's share of the" in str(refused.value) and "(2 jobs of the sweep at once) less 15%" in str(
         refused.value
     )
-    assert ": lower hydra.launcher.n_jobs, or lower batch_size" in str(refused.value)
+    fewer = "run fewer jobs at once (hydra/launcher=joblib hydra.launcher.n_jobs=<n>: submitit_local runs every job"
+    assert f": {fewer} at once), or lower batch_size" in str(refused.value)
     check_fits(dataclasses.replace(cfg, mem_budget_mb=2 * each), CPU, ranks=1)  # a budget given is the job's own
 
 

@@ -1,6 +1,7 @@
-"""A sweep's jobs running at once on one machine (joblib's ``n_jobs``) share its cores and its memory. The sweep's
-main process records how many run at once and the memory free before the first starts, in the environment that the
-launcher's workers and the jobs' ranks inherit; each job takes its share of both. docs/sweeps.md."""
+"""A sweep's jobs running at once on one machine (joblib's ``n_jobs``, submitit_local's every job) share its cores and
+its memory. The sweep's main process records how many run at once and the memory free before the first starts, in the
+environment that the launcher's workers and the jobs' ranks inherit; each job takes its share of both.
+docs/parallelism.md."""
 
 from __future__ import annotations
 

@@ -12,9 +12,10 @@ import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import hydra
+from hydra._internal.utils import get_args_parser
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
@@ -75,9 +76,12 @@ def reporting_composition_errors(hydra_main: Callable[..., Any]) -> Callable[...
             return hydra_main(*args)
         os.environ[FULL_ERROR] = "1"
         try:
+            sys.argv[1:] = hydra_arguments(sys.argv[1:])
             return hydra_main(*args)
         except (ConfigCompositionException, OverrideParseException) as err:
             exit_with(UsageError(composition_error(err, sys.argv[1:])))
+        except UsageError as err:
+            exit_with(err)
         except KeyboardInterrupt:  # Ctrl-C outside a job (a job turns it into a checkpoint and exit 130 itself)
             print("stopped (Ctrl-C)", file=sys.stderr)
             sys.exit(128 + signal.SIGINT)
@@ -88,3 +92,40 @@ def reporting_composition_errors(hydra_main: Callable[..., Any]) -> Callable[...
                 os.environ[FULL_ERROR] = previous
 
     return run
+
+
+SWITCHES = ("-m", "--multirun", "-r", "--run", "--resolve", "-sc", "--shell-completion")  # Hydra's, without a value
+HELP = ("-h", "--help", "--hydra-help", "--version")  # Hydra prints and exits
+
+
+def hydra_arguments(argv: list[str]) -> list[str]:
+    """``argv`` with Hydra's switches placed before the overrides, where its parser wants them (``model=x -m seed=0,1``
+    is ``-m model=x seed=0,1``); a :class:`UsageError` naming what Hydra refuses (an unknown flag, a flag without its
+    value, two modes), in place of its usage lines or traceback."""
+    switches = [i for i, arg in enumerate(argv) if arg in SWITCHES and not (i and takes_value(argv[i - 1]))]
+    ordered = [argv[i] for i in switches] + [arg for i, arg in enumerate(argv) if i not in switches]
+    parser = get_args_parser()
+    parser.error = refuse  # type: ignore[method-assign]  # argparse's own: usage lines, then exit 2
+    parsed = parser.parse_args([arg for arg in ordered if arg not in HELP])
+    modes = {
+        "--run": parsed.run,
+        "--multirun": parsed.multirun,
+        "--cfg": parsed.cfg,
+        "--info": parsed.info,
+        "--shell-completion": parsed.shell_completion,
+    }
+    if len(given := [flag for flag, value in modes.items() if value not in (None, False)]) > 1:
+        refuse(f"{' and '.join(given)} together: give one of them")
+    if parsed.resolve and parsed.cfg is None and not set(HELP) & set(argv):
+        refuse("--resolve works with --cfg or --help only")
+    return ordered
+
+
+def takes_value(arg: str) -> bool:
+    """Whether ``arg`` is one of Hydra's flags followed by its value (``--cfg job``, ``-cn name``, ...)."""
+    valued = ("-c", "--cfg", "-p", "--package", "-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir")
+    return arg in (*valued, "--experimental-rerun", "-i", "--info")
+
+
+def refuse(message: str) -> NoReturn:
+    raise UsageError(f"{message} (the overrides are key=value; --help lists the flags)")

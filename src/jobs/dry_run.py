@@ -27,7 +27,7 @@ from src.jobs.dry_run_total import FOLDER, JobEstimate, rounded, total
 from src.jobs.plan import Plan, resolve_batch
 from src.jobs.resume import Resume
 from src.parallel import dist
-from src.parallel.launch import job_gpus
+from src.parallel.launch import job_device, job_gpus
 from src.parallel.ranks import job_world, ranks_on_node, seed_everything, thread_count
 from src.perf.memory import autocast_dtype
 from src.perf.memory_cache import predicted
@@ -105,6 +105,7 @@ def report(plan: Plan, external: dist.Rank | None) -> float:
         check_store(plan.tracking_uri)
         check_file(plan.cfg.data)
     with job_gpus(HydraConfig.get(), plan.device) as gpus:
+        plan = dataclasses.replace(plan, device=job_device(plan.device, gpus))
         world = job_world(plan.cfg, gpus, external)
         cfg = resolve_batch(plan, world, probe=False)[0]
         if plan.finished:

@@ -7,6 +7,7 @@ job whatever the ranks do. Under torchrun or a multi-task SLURM job the ranks ar
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import signal
@@ -26,7 +27,7 @@ from src.jobs.rank import Job, run_rank, spawned_rank
 from src.jobs.resume import reopen
 from src.jobs.sweep import failure, read_stop, signalled, write_stop
 from src.parallel import dist
-from src.parallel.launch import job_gpus, spawn_ranks
+from src.parallel.launch import job_device, job_gpus, spawn_ranks
 from src.parallel.preemption import Preempted, PreemptedExit, Preemption, requeue_signal
 from src.parallel.ranks import job_world
 from src.perf.startup import StartupClock
@@ -78,6 +79,7 @@ def run_attempts(plan: Plan, external: dist.Rank | None, clock: StartupClock, pr
     clock.mark("data")
     ddp = plan.cfg.parallel.mode is ParallelMode.ddp
     with job_gpus(HydraConfig.get(), plan.device) as gpus:
+        plan = dataclasses.replace(plan, device=job_device(plan.device, gpus))
         world = job_world(plan.cfg, gpus, external)
         first, tags = resolve_batch(plan, world)
         clock.mark("batch_size")

@@ -17,7 +17,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from src.parallel import dist
-from src.parallel.machine_share import jobs_at_once
+from src.parallel.machine_share import gpu_jobs, jobs_at_once, sharing_gpu
 from src.parallel.preemption import Preempted, Preemption, signals_blocked
 
 METRICS_FILE = "metrics.json"  # rank 0's final metrics, in the job's output folder
@@ -75,15 +75,21 @@ def spawn_ranks(entry: Callable[..., None], job: Any, world: int, preemption: Pr
 @contextlib.contextmanager
 def job_gpus(hydra_cfg: DictConfig, device: torch.device) -> Iterator[tuple[int, ...]]:
     """This job's GPUs (none when it runs on the CPU): all visible ones, or, where its sweep runs several jobs at once
-    on this machine (:func:`jobs_at_once`), its own share, held through a slot lock for the job's lifetime."""
+    on this machine (:func:`jobs_at_once`), its own share, held through a slot lock for the job's lifetime; more jobs
+    than GPUs share them, each job's memory budget its share of its GPU (:func:`sharing_gpu`)."""
     count = torch.cuda.device_count() if device.type == "cuda" else 0
     n_jobs = jobs_at_once()
     if not count or n_jobs <= 1:
         yield tuple(range(count))
         return
     per_job = max(1, count // n_jobs)
-    with dist.gpu_slot(Path(hydra_cfg.sweep.dir), n_jobs) as slot:
+    with dist.gpu_slot(Path(hydra_cfg.sweep.dir), n_jobs) as slot, sharing_gpu(gpu_jobs(slot, count)):
         yield tuple((slot * per_job + i) % count for i in range(per_job))
+
+
+def job_device(device: torch.device, gpus: tuple[int, ...]) -> torch.device:
+    """Where a job with ``gpus`` (:func:`job_gpus`) plans its batch and trains its first rank: its first GPU."""
+    return torch.device("cuda", gpus[0]) if device.type == "cuda" and gpus else device
 
 
 def launcher_jobs(hydra_cfg: DictConfig, handed: int) -> int:

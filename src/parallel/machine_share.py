@@ -13,6 +13,7 @@ import psutil
 
 JOBS_ENV = "MEDSWEEP_JOBS_AT_ONCE"  # the sweep's jobs running at once on this machine
 FREE_ENV = "MEDSWEEP_FREE_MB"  # the memory free (MemAvailable, MiB) before the sweep's first job started
+GPU_JOBS_ENV = "MEDSWEEP_GPU_JOBS"  # the jobs at once on this job's GPU, this one included (set by its GPU slot)
 SHARE_ENV = "MEDSWEEP_GPU_SHARE"  # mps or none, where the jobs share GPUs (src.parallel.mps); each tags its run with it
 
 
@@ -47,13 +48,38 @@ def memory_share_mb() -> float:
     return free / jobs_at_once() if free else free_mb()
 
 
+def gpu_jobs(slot: int, gpus: int) -> int:
+    """How many of the jobs at once (:func:`jobs_at_once`, in GPU slots 0, 1, ... taking the ``gpus`` GPUs in turn)
+    share the GPU of the job in ``slot``, this one included."""
+    return len(range(slot % gpus, jobs_at_once(), gpus))
+
+
+def gpu_share_mb(free: float, total: float) -> float:
+    """This job's share of its GPU's memory (MiB): the ``total`` over the jobs on it (:data:`GPU_JOBS_ENV`; their peaks
+    come later), at most what is ``free`` now."""
+    return min(free, total / (recorded(GPU_JOBS_ENV) or 1))
+
+
 @contextlib.contextmanager
 def shared(jobs: int) -> Iterator[None]:
     """Record ``jobs`` at once and the memory free now for the jobs the ``with`` block starts (none where ``jobs`` is
     1, a stray value in the environment included)."""
-    before = {name: os.environ.pop(name, None) for name in (JOBS_ENV, FREE_ENV)}
-    if jobs > 1:
-        os.environ.update({JOBS_ENV: str(jobs), FREE_ENV: f"{free_mb():.0f}"})
+    with environment({JOBS_ENV: str(jobs), FREE_ENV: f"{free_mb():.0f}"} if jobs > 1 else {}, JOBS_ENV, FREE_ENV):
+        yield
+
+
+@contextlib.contextmanager
+def sharing_gpu(jobs: int) -> Iterator[None]:
+    """Record, for the ``with`` block, that ``jobs`` jobs share this job's GPU (none where it is 1)."""
+    with environment({GPU_JOBS_ENV: str(jobs)} if jobs > 1 else {}, GPU_JOBS_ENV):
+        yield
+
+
+@contextlib.contextmanager
+def environment(values: dict[str, str], *names: str) -> Iterator[None]:
+    """``names`` set to ``values`` (unset where it has none) for the block, then as they were."""
+    before = {name: os.environ.pop(name, None) for name in names}
+    os.environ.update(values)
     try:
         yield
     finally:
@@ -65,5 +91,5 @@ def shared(jobs: int) -> Iterator[None]:
 
 def outside_sweep() -> None:
     """A single run is no sweep's job: what a sweep records for its jobs, left in the environment, is dropped."""
-    for name in (JOBS_ENV, FREE_ENV, SHARE_ENV):
+    for name in (JOBS_ENV, FREE_ENV, GPU_JOBS_ENV, SHARE_ENV):
         os.environ.pop(name, None)

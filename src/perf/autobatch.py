@@ -12,7 +12,7 @@ from src.data import load_splits, split_sizes
 from src.errors import UsageError
 from src.models import build_model
 from src.models.registry import MODELS
-from src.parallel.machine_share import free_at_start_mb, jobs_at_once, memory_share_mb
+from src.parallel.machine_share import free_at_start_mb, gpu_share_mb, jobs_at_once, memory_share_mb
 from src.perf.memory import predict
 from src.perf.memory_cache import predicted
 from src.training.build import build_trainer
@@ -25,12 +25,13 @@ CPU_HEADROOM = 0.15
 
 
 def budget_mb(cfg: Config, device: torch.device) -> float:
-    """``mem_budget_mb``, or the device's free memory (CUDA: free device memory; CPU: MemAvailable, the job's share
-    of it where its sweep runs several jobs at once: :func:`memory_share_mb`)."""
+    """``mem_budget_mb``, or the device's free memory (CUDA: free device memory, at most the job's share of the GPU
+    where jobs of its sweep share it: :func:`gpu_share_mb`; CPU: MemAvailable, the job's share of it where its sweep
+    runs several jobs at once: :func:`memory_share_mb`)."""
     if cfg.mem_budget_mb is not None:
         return cfg.mem_budget_mb
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0] / 2**20
+        return gpu_share_mb(*(size / 2**20 for size in torch.cuda.mem_get_info(device)))
     return memory_share_mb()
 
 

@@ -29,7 +29,7 @@ def predicted(cfg: Config, device: torch.device) -> MemoryPrediction:
     """``predict(cfg, device)``, from the cache when it holds it; the replay holds the machine shared (no step timing
     of another process meanwhile)."""
     probed = config_hash(flatten(OmegaConf.structured(dataclasses.replace(cfg, seed=0))))  # sizes, not values
-    name = key(device, thread_count(cfg), f"{probed} {device}")
+    name = key(device, thread_count(cfg), f"{probed} {device.type}")  # any GPU of the same name
     with machine(exclusive=False):
         entry = CACHE.get(name) or CACHE.put(name, dataclasses.asdict(predict(cfg, device)))
     return MemoryPrediction(**{field: entry[field] for field in FIELDS})

@@ -16,8 +16,8 @@ from omegaconf import OmegaConf
 
 from src.errors import UsageError
 from src.parallel import machine_share
-from src.parallel.launch import launcher_jobs
-from src.parallel.machine_share import FREE_ENV, JOBS_ENV, SHARE_ENV
+from src.parallel.launch import job_device, launcher_jobs
+from src.parallel.machine_share import FREE_ENV, GPU_JOBS_ENV, JOBS_ENV, SHARE_ENV
 from src.parallel.ranks import thread_count
 from src.perf.autobatch import check_fits
 from src.perf.memory_cache import predicted
@@ -30,7 +30,7 @@ CPU = torch.device("cpu")
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    for name in (JOBS_ENV, FREE_ENV, SHARE_ENV):
+    for name in (JOBS_ENV, FREE_ENV, GPU_JOBS_ENV, SHARE_ENV):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 
@@ -46,6 +46,28 @@ def test_a_sweep_records_its_jobs_and_the_memory_free_and_puts_the_environment_b
     with machine_share.shared(1):  # one job at a time: nothing shared, strays dropped
         assert machine_share.jobs_at_once() == 1 and machine_share.free_at_start_mb() is None
         assert JOBS_ENV not in os.environ
+
+
+@pytest.mark.parametrize(
+    "jobs,gpus,sharing",
+    [(4, 1, [4, 4, 4, 4]), (3, 2, [2, 1, 2]), (4, 2, [2, 2, 2, 2]), (2, 2, [1, 1]), (2, 8, [1, 1])],
+)
+def test_jobs_beyond_the_gpus_share_them_and_each_plans_within_its_share(clean_env, jobs, gpus, sharing):
+    """The GPU slots take the GPUs in turn (``launch.job_gpus``): job ``slot`` is on GPU ``slot % gpus``."""
+    with machine_share.shared(jobs):
+        assert [machine_share.gpu_jobs(slot, gpus) for slot in range(jobs)] == sharing
+    with machine_share.sharing_gpu(4):
+        assert machine_share.gpu_share_mb(free=70_000, total=80_000) == 20_000  # a quarter, not the first's all
+        assert machine_share.gpu_share_mb(free=12_000, total=80_000) == 12_000  # at most what is free
+    assert GPU_JOBS_ENV not in os.environ
+    with machine_share.sharing_gpu(1):
+        assert machine_share.gpu_share_mb(free=70_000, total=80_000) == 70_000
+
+
+def test_a_job_plans_on_its_own_gpu():
+    cuda = torch.device("cuda", 0)
+    assert job_device(cuda, (2, 3)) == torch.device("cuda", 2)
+    assert job_device(cuda, ()) == cuda and job_device(CPU, ()) == CPU
 
 
 @pytest.mark.parametrize("value", ["", "abc", "0", "-2", "inf", "nan", "1e999"])

@@ -440,9 +440,7 @@ class Config:
     amp_dtype: AmpDtype = AmpDtype.auto
     batch_size: Any = 32  # an int >= 1, "auto" (the largest micro-batch that fits mem_budget_mb), or "derived"
     accumulate: int = 1
-    mem_budget_mb: float | None = (
-        None  # batch_size=auto: null, the device's free memory (a job's share where jobs share it)
-    )
+    mem_budget_mb: float | None = None  # batch_size=auto: null, the device's free memory (or a job's share of it)
     effective_batch_size: int | None = None  # auto keeps it by setting accumulate; derived: / (accumulate x ranks)
     epochs: int = 15
     seed: int = 0

@@ -24,7 +24,7 @@ from src.folders import held
 from src.jobs import dry_run, outcome
 from src.jobs.plan import Plan, plan_job, resolve_batch, save_job_config
 from src.jobs.rank import Job, run_rank, spawned_rank
-from src.jobs.resume import reopen
+from src.jobs.resume import earlier_twin, reopen
 from src.jobs.sweep import failure, read_stop, signalled, write_stop
 from src.parallel import dist
 from src.parallel.launch import job_device, job_gpus, spawn_ranks
@@ -88,6 +88,8 @@ def run_attempts(plan: Plan, external: dist.Rank | None, clock: StartupClock, pr
             outcome.stop_before_run(preemption)
             run = reopen(client, resume) if resume else start_run(plan, attempt, world, client, tags)
             clock.mark("mlflow")
+            if not resume and "retry_of" not in tags and planned_twice(plan, client, run.run_id):
+                return float("nan")
             job = Job.from_plan(plan, attempt, run.run_id, world, gpus, resume, clock)
             log.info("MLflow run %s in %s; output %s", run.run_id, plan.tracking_uri, plan.output_dir)
             try:
@@ -109,6 +111,23 @@ def run_attempts(plan: Plan, external: dist.Rank | None, clock: StartupClock, pr
     if not plan.multirun:  # a sweep's links come at its end
         log_links(plan.tracking_uri, client.get_run(run.run_id).info.experiment_id, [run.run_id])
     return best_metric(client, run.run_id, plan.cfg.objective)
+
+
+def planned_twice(plan: Plan, client, run_id: str) -> bool:
+    """Whether another command planned this config at the same time and its run started first
+    (:func:`earlier_twin`): this job's new run is deleted, nothing trained twice. Never for a run that
+    ``skip_finished=false`` or ``rerun=`` asks for."""
+    if not plan.cfg.skip_finished or plan.rerun_of or not (twin := earlier_twin(client, plan.cfg, run_id)):
+        return False
+    client.set_terminated(run_id, "KILLED")
+    client.delete_run(run_id)
+    log.info(
+        "run %s of this config started just before this job's run %s (two commands planned it at once): "
+        "this job trains nothing, its run deleted",
+        twin,
+        run_id,
+    )
+    return True
 
 
 def start_run(plan: Plan, cfg: Config, world: int, client, tags: dict[str, str]) -> RunLogger:

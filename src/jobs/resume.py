@@ -225,6 +225,23 @@ def resumable(client: mlflow.MlflowClient, cfg: Config, hashed: str) -> tuple[Re
     return None, None
 
 
+def earlier_twin(client: mlflow.MlflowClient, cfg: Config, run_id: str) -> str | None:
+    """A run of this new run's config started before it (ties: the smaller id) that a live process trains, or that
+    FINISHED as ``skip_finished`` would skip: two commands planned the config at once, each finding no run of it. The
+    later run goes; the earlier one's id."""
+    mine = client.get_run(run_id)
+    hashed, fingerprint = mine.data.tags["config_hash"], mine.data.tags["code_fingerprint"]
+    for other in client.search_runs([mine.info.experiment_id], f"tags.config_hash = '{hashed}'"):
+        if (other.info.start_time, other.info.run_id) >= (mine.info.start_time, run_id):
+            continue
+        if other.info.status == "FINISHED":
+            if cfg.skip_finished == "config" or other.data.tags.get("code_fingerprint") == fingerprint:
+                return other.info.run_id
+        elif other.data.tags.get("output_dir") and in_use(Path(other.data.tags["output_dir"])):
+            return other.info.run_id
+    return None
+
+
 def not_resumed(run: mlflow.entities.Run, resume: Resume) -> str | None:
     """Why an unfinished run of this config does not go on from ``resume`` (its checkpoint), or None."""
     if resume.run_id != run.info.run_id:

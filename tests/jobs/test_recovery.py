@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
 import subprocess
 import sys
 import time
@@ -18,7 +20,7 @@ from omegaconf import OmegaConf
 from src.errors import UsageError
 from src.folders import held
 from src.jobs.plan import plan_job
-from src.jobs.resume import resumable
+from src.jobs.resume import earlier_twin, resumable
 from src.tracking.identity import code_fingerprint, config_hash, flatten
 from src.tracking.store import ensure_store, experiment_id
 from src.training import checkpoint
@@ -256,3 +258,58 @@ def test_a_store_whose_disk_fills_mid_run_is_one_line_naming_the_run_to_resume(t
         f"RUNNING; its last checkpoint is kept: fix the store, then resume it: python -m src.train resume={run_id} "
         "(or the same command again)"
     )
+
+
+def test_of_two_runs_of_one_config_planned_at_once_the_later_one_goes(tmp_path, store):
+    client = ensure_store(store)
+    overrides = ["model=resnet10", f"mlflow.tracking_uri={store}"]
+    typed, hashed = OmegaConf.to_object(compose_config(*overrides)), config_hash(flatten(compose_config(*overrides)))
+
+    def new_run(folder: str, **tags: str) -> str:
+        tags = {
+            "output_dir": str(tmp_path / folder),
+            "config_hash": hashed,
+            "code_fingerprint": code_fingerprint(),
+            **tags,
+        }
+        return client.create_run(experiment_id(client, "medsweep"), tags=tags).info.run_id
+
+    first = new_run("first")
+    time.sleep(0.01)  # MLflow's start times are in milliseconds
+    second = new_run("second")
+    assert earlier_twin(client, typed, second) is None  # the first's process is gone: nothing trains it
+    with held(tmp_path / "first", "job", "wait"), held(tmp_path / "second", "job", "wait"):
+        assert earlier_twin(client, typed, second) == first and earlier_twin(client, typed, first) is None
+    client.set_terminated(first, "FINISHED")  # it finished while the second planned
+    assert earlier_twin(client, typed, second) == first
+    client.set_tag(first, "code_fingerprint", "0ld")  # skip_finished=true skips only a run of this code
+    assert earlier_twin(client, typed, second) is None
+    assert earlier_twin(client, dataclasses.replace(typed, skip_finished="config"), second) == first
+
+
+@pytest.mark.slow
+def test_the_same_command_started_twice_at_once_trains_once(tmp_path, store, shared_data):
+    """Two identical commands planning at once (``batch_size=auto``'s probes keep each seconds from its run): each
+    found no run of the config when it planned; the later run to start goes."""
+    path = ":".join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "PYTHONPATH": path, "HYDRA_FULL_ERROR": "0"}
+    processes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "src.train",
+                *small_run(tmp_path / str(n), store, shared_data, "batch_size=auto", "epochs=1"),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for n in range(2)
+    ]
+    outputs = [process.communicate(timeout=600)[0] for process in processes]
+    assert [process.returncode for process in processes] == [0, 0], outputs
+    assert [run.info.status for run in runs(store)] == ["FINISHED"], outputs
+    assert sum("this job trains nothing" in output for output in outputs) == 1

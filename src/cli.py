@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import signal
 import sys
 import warnings
@@ -23,15 +24,18 @@ from omegaconf.errors import MissingMandatoryValue
 
 from src.config import register
 from src.errors import UsageError, exit_with
-from src.folders import release
+from src.folders import release, release_claimed
 from src.schema_check import check_known_keys, composition_error
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 FULL_ERROR = "HYDRA_FULL_ERROR"  # "1": Hydra raises its errors instead of printing them and exiting 1
 
 
-def command(config_name: str, zoo: bool = True) -> Callable[[Callable[[DictConfig], Any]], Callable[[], Any]]:
-    """``@command("report", zoo=False)`` makes ``fn(cfg)`` a Hydra app (``zoo``: :func:`src.config.register`'s)."""
+def command(
+    config_name: str, zoo: bool = True, sweeps: bool = True
+) -> Callable[[Callable[[DictConfig], Any]], Callable[[], Any]]:
+    """``@command("report", zoo=False)`` makes ``fn(cfg)`` a Hydra app (``zoo``: :func:`src.config.register`'s;
+    ``sweeps=False``: ``-m`` refused)."""
     register(zoo)
     warnings.filterwarnings(  # what conf/hydra/launcher/<plugin>.yaml wants: a wrong key in it fails; no 4-line notice
         "ignore", r"\s*'hydra/launcher/[^']+' is validated against ConfigStore schema with the same name", UserWarning
@@ -49,7 +53,7 @@ def command(config_name: str, zoo: bool = True) -> Callable[[Callable[[DictConfi
                 release(Path(HydraConfig.get().runtime.output_dir))
                 exit_with(err)
 
-        return reporting_composition_errors(main)
+        return reporting_composition_errors(main, sweeps)
 
     return decorate
 
@@ -64,38 +68,53 @@ def check_values(cfg: DictConfig) -> None:
         raise UsageError(f"{key}: {line}" if key else line) from None
 
 
-def reporting_composition_errors(hydra_main: Callable[..., Any]) -> Callable[..., Any]:
+def reporting_composition_errors(hydra_main: Callable[..., Any], sweeps: bool = True) -> Callable[..., Any]:
     """Hydra prints a failed composition over several lines and exits 1: make it one ``error:`` line, exit 2; Ctrl-C
     outside a job one line, exit 130, not a traceback. With ``HYDRA_FULL_ERROR=1`` set by the user, Hydra's own report
-    stands."""
+    stands. At the end, the folders the command claimed and left as Hydra made them go (:func:`release_claimed`)."""
 
     @functools.wraps(hydra_main)
     def run(*args: Any) -> Any:
-        previous = os.environ.get(FULL_ERROR)
-        if previous == "1":
-            return hydra_main(*args)
-        os.environ[FULL_ERROR] = "1"
         try:
-            sys.argv[1:] = hydra_arguments(sys.argv[1:])
-            return hydra_main(*args)
-        except (ConfigCompositionException, OverrideParseException) as err:
-            exit_with(UsageError(composition_error(err, sys.argv[1:])))
-        except UsageError as err:
-            exit_with(err)
-        except KeyboardInterrupt:  # Ctrl-C outside a job (a job turns it into a checkpoint and exit 130 itself)
-            print("stopped (Ctrl-C)", file=sys.stderr)
-            sys.exit(128 + signal.SIGINT)
+            if os.environ.get(FULL_ERROR) == "1":
+                return hydra_main(*args)
+            return one_line_errors(hydra_main, sweeps, *args)
         finally:
-            if previous is None:
-                del os.environ[FULL_ERROR]
-            else:
-                os.environ[FULL_ERROR] = previous
+            release_claimed()
 
     return run
 
 
+def one_line_errors(hydra_main: Callable[..., Any], sweeps: bool, *args: Any) -> Any:
+    """``hydra_main(*args)`` with Hydra's errors raised (``HYDRA_FULL_ERROR``), each printed as one line; ``-m``
+    refused unless the command ``sweeps``."""
+    previous = os.environ.get(FULL_ERROR)
+    os.environ[FULL_ERROR] = "1"
+    try:
+        sys.argv[1:] = hydra_arguments(sys.argv[1:])
+        if not sweeps and {"-m", "--multirun"} & set(sys.argv[1:]):
+            raise UsageError("-m: this command runs once, not as a sweep: give no -m")
+        return hydra_main(*args)
+    except (ConfigCompositionException, OverrideParseException) as err:
+        exit_with(UsageError(composition_error(err, sys.argv[1:])))
+    except UsageError as err:
+        exit_with(err)
+    except OverflowError:  # OmegaConf's, converting an int past the float range (309 digits or more) to a float
+        keys = [arg.partition("=")[0] for arg in sys.argv[1:] if re.search(r"\d{309}", arg)]
+        exit_with(UsageError(f"{', '.join(keys) or 'a value'}: a number past the float range: give one below 1e308"))
+    except KeyboardInterrupt:  # Ctrl-C outside a job (a job turns it into a checkpoint and exit 130 itself)
+        print("stopped (Ctrl-C)", file=sys.stderr)
+        sys.exit(128 + signal.SIGINT)
+    finally:
+        if previous is None:
+            del os.environ[FULL_ERROR]
+        else:
+            os.environ[FULL_ERROR] = previous
+
+
 SWITCHES = ("-m", "--multirun", "-r", "--run", "--resolve", "-sc", "--shell-completion")  # Hydra's, without a value
 HELP = ("-h", "--help", "--hydra-help", "--version")  # Hydra prints and exits
+SHELL_SUBCOMMANDS = ("install", "uninstall", "query")  # of --shell-completion
 
 
 def hydra_arguments(argv: list[str]) -> list[str]:
@@ -118,7 +137,20 @@ def hydra_arguments(argv: list[str]) -> list[str]:
         refuse(f"{' and '.join(given)} together: give one of them")
     if parsed.resolve and parsed.cfg is None and not set(HELP) & set(argv):
         refuse("--resolve works with --cfg or --help only")
+    if parsed.experimental_rerun is not None:
+        refuse("--experimental-rerun: use rerun=<MLflow run id>, which trains a logged run's config again")
+    if parsed.shell_completion:
+        shell_completion(parsed.overrides)
     return ordered
+
+
+def shell_completion(overrides: list[str]) -> None:
+    """Refuse what Hydra's ``--shell-completion`` would fail on with a traceback."""
+    subcommands = [arg.partition("=") for arg in overrides if arg.partition("=")[0] in SHELL_SUBCOMMANDS]
+    if len(subcommands) != 1 or subcommands[0][2] not in ("bash", "zsh", "fish"):
+        refuse("--shell-completion takes one of install=<shell>, uninstall=<shell>, query=<shell> (bash, zsh, fish)")
+    if subcommands[0][0] == "query" and "COMP_LINE" not in os.environ:
+        refuse("--shell-completion query=<shell> is the shell's own call as it completes (COMP_LINE unset)")
 
 
 def takes_value(arg: str) -> bool:

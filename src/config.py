@@ -24,12 +24,16 @@ NIFTI = "nifti"  # data=nifti: a folder of volumes and a labels CSV (src/volumes
 SYNTHETIC = "synthetic"  # data=synthetic: generated volumes (src.data.write_synthetic)
 NIFTI_KEYS = ("labels", "classes", "split_fractions", "split_seed", "spacing", "intensity")  # data.* only nifti reads
 NIFTI_SIZES = (16, 256)  # the cube sides data=nifti crops or pads to (MedMNIST's files are 28^3 or 64^3)
+NIFTI_SPACING_MAX = 100.0  # mm: the largest data.spacing (a 16^3 cube of it spans a whole body)
 URL = re.compile(r"https?://[^/\s]+\S*|file://\S+")
 SEED_MAX = 2**32 - 1  # NumPy's seed range is [0, 2**32 - 1]
 THREADS_MAX = 1024  # CPU threads of a process: past any one machine's cores; libgomp fails far above
+COUNT_MAX = 2**31 - 1  # counts (epochs, batches, steps): what torch's int32 sizes and indices hold
+CHANNELS_MAX = 1024  # input channels of a volume: past any modality stack
+CLASSES_MAX = 100_000  # a classifier's outputs: past any label set
 WORKERS_MAX = 64  # DataLoader worker processes of a rank
 EXPERIMENT_NAME_MAX, TAG_KEY_MAX = 500, 250  # MLflow's limits (mlflow.utils.validation), checked before it loads
-MODEL_NAME_BANNED = ("/", ":")  # what MLflow refuses in a registered model's name (mlflow.utils.validation)
+MODEL_NAME_BANNED = ("/", ":")  # in a registered model's name, as mlflow.utils.validation (. and ..*: ReportConfig)
 SAMPLE_INTERVAL_MIN_S = 1.0  # MLflow's system metrics: shorter intervals slowed training (docs/benchmarks.md)
 
 
@@ -43,7 +47,8 @@ def within(
     closed_low = ends[0] == "["
     above = value >= low if closed_low else value > low
     below = value <= high if ends[1] == "]" else value < high
-    if not (math.isfinite(value) and above and below):
+    finite = not isinstance(value, float) or math.isfinite(value)  # an int of any size is finite
+    if not (finite and above and below):
         bounds = f"in {ends[0]}{low}, {high}{ends[1]}" if high < math.inf else f"{'>=' if closed_low else '>'} {low}"
         raise ValueError(f"{key}={value} must be {bounds}{' or null' if null else ''}{fix}")
 
@@ -223,8 +228,8 @@ class DataConfig:
             raise ValueError(f"data.size={self.size} is not a MedMNIST 3D size: use data.size=28 or 64")
         if self.url is not None and not URL.fullmatch(self.url):
             raise ValueError(f"data.url={self.url!r} must be an http(s):// or file:// URL, or null (medmnist's own)")
-        within("data.in_channels", self.in_channels, 1)
-        within("data.num_classes", self.num_classes, 2)
+        within("data.in_channels", self.in_channels, 1, CHANNELS_MAX, "[]")
+        within("data.num_classes", self.num_classes, 2, CLASSES_MAX, "[]")
         if self.task not in TASKS:
             raise ValueError(f"data.task={self.task} is not a task the trainer supports: use one of {', '.join(TASKS)}")
         within("data.num_workers", self.num_workers, 0, WORKERS_MAX, "[]", fix=" (worker processes per rank)")
@@ -247,7 +252,7 @@ class DataConfig:
         within("data.split_seed", self.split_seed, 0, SEED_MAX, "[]")
         if self.spacing is not None:
             millimetres = "millimetres along R, A and S, e.g. [1,1,1]; or null: the training volumes' median"
-            within_each("data.spacing", self.spacing, 0, ends="()", count=3, what=millimetres)
+            within_each("data.spacing", self.spacing, 0, NIFTI_SPACING_MAX, "(]", count=3, what=millimetres)
         if not math.isfinite(self.window_level):
             raise ValueError(f"data.window_level={self.window_level} must be a finite number (the window's centre)")
         within("data.window_width", self.window_width, 0, ends="()", fix=" (the window's width)")
@@ -486,9 +491,9 @@ class Config:
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective={self.objective} is not a job result: use one of {', '.join(OBJECTIVES)}")
         for key in (() if named else ("batch_size",)) + ("accumulate", "epochs", "log_every"):
-            within(key, getattr(self, key), 1)
+            within(key, getattr(self, key), 1, COUNT_MAX, "[]")
         for key in ("limit_batches", "effective_batch_size", "early_stop_patience"):
-            within(key, getattr(self, key), 1, null=True)
+            within(key, getattr(self, key), 1, COUNT_MAX, "[]", null=True)
         within("num_threads", self.num_threads, 1, THREADS_MAX, "[]", null=True)
         within("mem_budget_mb", self.mem_budget_mb, 0, ends="()", null=True)
         within("seed", self.seed, 0, SEED_MAX, "[]")
@@ -532,6 +537,11 @@ class ReportConfig:
             filled(key, getattr(self, key), null=True)
         if self.register and (banned := [c for c in MODEL_NAME_BANNED if c in self.register]):
             raise ValueError(f"register={self.register}: MLflow's model names cannot hold {' or '.join(banned)}")
+        if self.register == "." or (self.register or "").startswith(".."):  # MLflow: it would resolve as a path
+            raise ValueError(
+                f"register={self.register}: MLflow's model names cannot be . or start with .. (a path to another "
+                f"name): give a name such as medsweep-best"
+            )
         within("margin", self.margin, 0, 1, "[]", fix=" (an AUC difference)")
         for key in ("speed_margin", "memory_margin"):
             within(key, getattr(self, key), 0, 1, "[]", fix=" (a fraction of the baseline: 0.05 is 5%)")

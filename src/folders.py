@@ -51,14 +51,20 @@ def release(folder: Path) -> None:
     a command starts (``.hydra/``, an empty log), with the parents it made that are empty: a refused command leaves
     no folder."""
     made = CLAIMED.pop(folder.absolute(), [])
-    if not (made and folder.is_dir()) or any(not hydra_file(path) for path in folder.iterdir()):
+    if not (made and folder.is_dir() and hydra_file(folder)):
         return
-    shutil.rmtree(folder / ".hydra", ignore_errors=True)
-    for path in folder.glob("*.log"):
-        path.unlink(missing_ok=True)
-    for path in made:
+    shutil.rmtree(folder, ignore_errors=True)
+    for path in made[1:]:
         with contextlib.suppress(OSError):  # not empty: another command's
             path.rmdir()
+
+
+def release_claimed() -> None:
+    """:func:`release` each folder :func:`fresh` claimed in this process: at a command's end, those it left as Hydra
+    made them go (Hydra resolves a default folder that a command's config or a flag replaces, e.g. ``src.memory``'s,
+    ``--cfg``)."""
+    for folder in reversed(list(CLAIMED)):  # the last first: an earlier one made the parents
+        release(folder)
 
 
 def missing(folder: Path) -> list[Path]:
@@ -67,8 +73,13 @@ def missing(folder: Path) -> list[Path]:
 
 
 def hydra_file(path: Path) -> bool:
-    """What Hydra writes in a run's folder before the command starts: ``.hydra/``, an empty log."""
-    return path.name == ".hydra" or (path.suffix == ".log" and path.is_file() and path.stat().st_size == 0)
+    """What Hydra writes in a run's or sweep's folder before the command starts: ``.hydra/``, an empty log,
+    ``multirun.yaml``, a job's folder holding no more."""
+    if path.is_symlink() or not (path.is_dir() or path.is_file()):
+        return False
+    if path.is_dir():
+        return path.name == ".hydra" or all(hydra_file(inner) for inner in path.iterdir())
+    return path.name == "multirun.yaml" or (path.suffix == ".log" and path.stat().st_size == 0)
 
 
 def writable(folder: Path, what: str, fix: str = "give a folder this process can write") -> None:

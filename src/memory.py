@@ -4,6 +4,7 @@
 from omegaconf import DictConfig
 
 from src.cli import command
+from src.perf.autobatch import check_one_sample
 from src.perf.memory import predict
 from src.resolve import validate
 
@@ -11,6 +12,7 @@ from src.resolve import validate
 @command("memory")
 def main(cfg: DictConfig) -> None:
     typed, device = validate(cfg)
+    check_one_sample(typed)
     print(predict(typed, device).table(), flush=True)
 
 

@@ -34,6 +34,10 @@ def test_hydra_switches_go_before_the_overrides(argv, ordered):
         (["--info", "bogus"], "argument --info/-i: invalid choice: 'bogus'"),
         (["seed=0,1", "-m", "--cfg", "job"], "--multirun and --cfg together: give one of them"),
         (["--resolve"], "--resolve works with --cfg or --help only"),
+        (["--experimental-rerun", "/no/such.pickle"], "--experimental-rerun: use rerun=<MLflow run id>"),
+        (["--shell-completion"], "--shell-completion takes one of install=<shell>"),
+        (["-sc", "install=tcsh"], "--shell-completion takes one of install=<shell>"),
+        (["-sc", "query=bash"], "--shell-completion query=<shell> is the shell's own call"),
     ],
 )
 def test_what_hydra_refuses_is_one_usage_error(argv, message):
@@ -56,5 +60,36 @@ def test_multirun_given_after_the_overrides_sweeps(tmp_path, store, shared_data)
     """``epochs=1,0 -m`` is a sweep of two jobs: its checks name job 1, before any run."""
     result = run_cli(*small_run(tmp_path, store, shared_data, "epochs=1,0"), "-m")
     assert result.returncode == 2
-    assert result.stderr.splitlines() == ["error: job 1 (epochs=0): epochs=0 must be >= 1"]
+    assert result.stderr.splitlines() == ["error: job 1 (epochs=0): epochs=0 must be in [1, 2147483647]"]
     assert runs(store) == []
+
+
+def test_the_report_runs_once_not_as_a_sweep(tmp_path):
+    result = run_cli("-m", "margin=0.1", module="src.report", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == ["error: -m: this command runs once, not as a sweep: give no -m"]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "module,args",
+    [
+        ("src.memory", ("model=resnet10", "batch_size=2")),
+        ("src.memory", ("-m", "model=resnet10", "batch_size=2,4")),
+        ("src.summary", ("model=resnet10",)),
+        ("src.train", ("--cfg", "job")),
+    ],
+    ids=["memory", "memory-sweep", "summary", "train-cfg"],
+)
+def test_a_command_that_writes_nothing_leaves_no_folder(tmp_path, module, args):
+    """Hydra resolves conf/config.yaml's default folders (``${fresh:outputs/...}``, ``${fresh:sweeps/...}``), which
+    claims them, even where a command's config or a flag replaces them: they go at the command's end."""
+    result = run_cli(*args, module=module, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_int_past_the_float_range_is_one_error_line_naming_its_key():
+    result = run_cli(f"optim.lr={10**400}", module="src.memory")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == ["error: optim.lr: a number past the float range: give one below 1e308"]

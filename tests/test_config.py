@@ -354,16 +354,20 @@ def test_a_bad_key_or_value_stops_each_command_in_one_line_and_creates_no_run(
 
 
 BAD_VALUES = [
-    ("batch_size=0", "batch_size=0 must be >= 1"),
+    ("batch_size=0", "batch_size=0 must be in [1, 2147483647]"),
     ("batch_size=four", "batch_size=four must be an integer >= 1, auto or derived"),
-    ("effective_batch_size=0", "effective_batch_size=0 must be >= 1 or null"),
-    ("accumulate=0", "accumulate=0 must be >= 1"),
-    ("epochs=0", "epochs=0 must be >= 1"),
-    ("log_every=0", "log_every=0 must be >= 1"),
-    ("limit_batches=0", "limit_batches=0 must be >= 1 or null"),
+    ("effective_batch_size=0", "effective_batch_size=0 must be in [1, 2147483647] or null"),
+    ("accumulate=0", "accumulate=0 must be in [1, 2147483647]"),
+    ("epochs=0", "epochs=0 must be in [1, 2147483647]"),
+    (f"epochs={10**400}", f"epochs={10**400} must be in [1, 2147483647]"),
+    ("batch_size=9223372036854775808", "batch_size=9223372036854775808 must be in [1, 2147483647]"),
+    ("data.in_channels=100000", "data.in_channels=100000 must be in [1, 1024]"),
+    ("data.num_classes=99999999999999999999", "data.num_classes=99999999999999999999 must be in [2, 100000]"),
+    ("log_every=0", "log_every=0 must be in [1, 2147483647]"),
+    ("limit_batches=0", "limit_batches=0 must be in [1, 2147483647] or null"),
     ("num_threads=0", "num_threads=0 must be in [1, 1024] or null"),
     ("num_threads=100000", "num_threads=100000 must be in [1, 1024] or null"),  # libgomp: a segfault mid-run
-    ("early_stop_patience=0", "early_stop_patience=0 must be >= 1 or null"),
+    ("early_stop_patience=0", "early_stop_patience=0 must be in [1, 2147483647] or null"),
     ("mem_budget_mb=0", "mem_budget_mb=0.0 must be > 0 or null"),
     ("seed=-1", "seed=-1 must be in [0, 4294967295]"),
     ("seed=4294967296", "seed=4294967296 must be in [0, 4294967295]"),
@@ -382,8 +386,8 @@ BAD_VALUES = [
     ("data.size=32", "data.size=32 is not a MedMNIST 3D size: use data.size=28 or 64"),
     ("data.url=ftp://x/a.npz", f"data.url='ftp://x/a.npz' {NOT_A_URL}"),
     ("data.url=x.org/a.npz", f"data.url='x.org/a.npz' {NOT_A_URL}"),
-    ("data.in_channels=0", "data.in_channels=0 must be >= 1"),
-    ("data.num_classes=1", "data.num_classes=1 must be >= 2"),
+    ("data.in_channels=0", "data.in_channels=0 must be in [1, 1024]"),
+    ("data.num_classes=1", "data.num_classes=1 must be in [2, 100000]"),
     (
         "data.task=multi-label",
         "data.task=multi-label is not a task the trainer supports: use one of binary-class, multi-class",

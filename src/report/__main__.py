@@ -6,7 +6,7 @@ from omegaconf import DictConfig, OmegaConf
 from src.cli import command
 
 
-@command("report", zoo=False)
+@command("report", zoo=False, sweeps=False)
 def main(cfg: DictConfig) -> None:
     from src.report.writer import report  # MLflow and plotting: once the config passed its checks
 

@@ -113,8 +113,8 @@ def test_another_seed_changes_the_run(tmp_path, store, shared_data):
 
 BAD_INPUTS = [
     (("model.name=resnet7",), "model.name=resnet7 is not a registered model: use one of"),
-    (("batch_size=0",), "batch_size=0 must be >= 1"),
-    (("accumulate=0",), "accumulate=0 must be >= 1"),
+    (("batch_size=0",), "batch_size=0 must be in [1, 2147483647]"),
+    (("accumulate=0",), "accumulate=0 must be in [1, 2147483647]"),
     (("amp_dtype=float16",), "amp_dtype=float16 needs a CUDA device"),
     (("data.root=/nonexistent",), "/nonexistent/adrenalmnist3d.npz not found and data.download=false"),
     (("mlflow.tracking_uri=http://127.0.0.1:9",), "mlflow.tracking_uri=http://127.0.0.1:9 is unreachable"),

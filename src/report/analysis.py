@@ -21,9 +21,11 @@ from src.tracking.identity import NOT_HASHED
 SEED = "seed"
 THROUGHPUT, MEMORY, AUC = "perf/samples_per_s", "mem/peak_mb", "test/auc"
 STEPS_TIMED, CONTENDED, DTYPE = "perf/steps_timed", "perf.contended", "amp.dtype"  # a metric, two tags
+CONFIG_HASH, STARTED, SET_ASIDE = "config_hash", "start_time", "set_aside"  # a tag, the run's start (ms), a flag
 MIN_TIMED_STEPS = 20  # a run that timed fewer steps (a smoke run) is no basis for speed; as the trainer's warning
 NO_LOSS, LOSS, INCONCLUSIVE, NO_DIFFERENCE = "no loss", "loss", "inconclusive", "no difference"
 CANNOT_JUDGE_SPEED = "cannot judge speed"
+NOT_MEASURED = "-"  # the verdict of an effect no pair measured (no run logged samples/s, say)
 MAX_PAIRS = 10**9  # more_pairs beyond this: the mean sits at a boundary (to float rounding), no sweep would settle it
 
 
@@ -222,13 +224,20 @@ def aggregate(runs: pd.DataFrame, keys: list[str], metrics: list[str]) -> pd.Dat
     return table.iloc[order].reset_index(drop=True)
 
 
+def superseded(runs: pd.DataFrame) -> pd.Series:
+    """Per run, whether it is set aside: a configuration (its :data:`CONFIG_HASH` tag, seed included; a run without
+    one is its own) run again counts once, by its latest FINISHED run (by :data:`STARTED`), so a rerun sweep adds no
+    pairs that are not independent."""
+    finished = runs[(runs["status"] == "FINISHED") & (runs[CONFIG_HASH] != "")]
+    latest = finished.sort_values(STARTED, kind="stable").groupby(CONFIG_HASH).tail(1).index
+    return pd.Series(runs.index.isin(finished.index) & ~runs.index.isin(latest), index=runs.index)
+
+
 def pareto_front(throughput: np.ndarray, memory: np.ndarray, auc: np.ndarray) -> np.ndarray:
     """Mask of the points no other point dominates: none is at least as fast, as small and as accurate, and
-    strictly better in one of the three. A NaN AUC counts as the worst."""
-    auc = np.asarray(auc, float)
-    better = np.column_stack(
-        [np.asarray(throughput, float), -np.asarray(memory, float), np.where(np.isnan(auc), -np.inf, auc)]
-    )  # higher is better in each column
+    strictly better in one of the three. A missing (NaN) samples/s, peak memory or AUC counts as the worst."""
+    better = np.column_stack([np.asarray(throughput, float), -np.asarray(memory, float), np.asarray(auc, float)])
+    better[np.isnan(better)] = -np.inf  # higher is better in each column; missing is worst
     mine, theirs = better[:, None, :], better[None, :, :]
     dominates = (theirs >= mine).all(axis=2) & (theirs > mine).any(axis=2)  # [i, j]: j dominates i
     return ~dominates.any(axis=1)
@@ -313,10 +322,13 @@ def summarize_effects(found: pd.DataFrame, margins: Mapping[str, float]) -> pd.D
 
 def judge(group: pd.DataFrame, effect: Effect, margin: float) -> dict:
     """``effect`` over a comparison's pairs, counted in :attr:`Effect.pairs`: :func:`interval`; a timed one (speed)
-    only over the pairs whose runs are fit to time (:func:`unfit_for_speed`), ``cannot judge speed`` when none is."""
+    only over the pairs whose runs are fit to time (:func:`unfit_for_speed`), ``cannot judge speed`` when none is;
+    ``-`` (:data:`NOT_MEASURED`) when no pair has a value (no run logged samples/s, say)."""
     kept = group[~group[list(LEFT_OUT)].any(axis=1)] if effect.timed else group
     if kept.empty:
         return {effect.pairs: 0, effect.verdict: CANNOT_JUDGE_SPEED}
+    if kept[effect.pair].isna().all():
+        return {effect.pairs: len(kept), effect.verdict: NOT_MEASURED}
     return {effect.pairs: len(kept), **interval(kept[effect.pair], effect, margin)}
 
 

@@ -39,16 +39,26 @@ def config_label(row: pd.Series, keys: list[str]) -> str:
     return (", " if len(parts) <= 2 else "\n").join(parts)
 
 
-def throughput_memory(table: pd.DataFrame, keys: list[str], front: np.ndarray, title: str, path: Path) -> None:
+def drawable(values: np.ndarray, log: bool = False) -> np.ndarray:
+    """Mask of the values an axis can place: finite, and above 0 on a log axis."""
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(values) & (values > 0 if log else True)
+
+
+def throughput_memory(table: pd.DataFrame, keys: list[str], front: np.ndarray, title: str, path: Path) -> int:
     """Samples/s against peak MiB per configuration (means over seeds, std as error bars), coloured by test
     AUC, the Pareto front over all three (``front``) ringed: a staircase through speed and memory alone would
-    leave out accurate configurations that are slower or larger."""
+    leave out accurate configurations that are slower or larger. Configurations without a finite, non-negative
+    samples/s and peak memory are left out; returns how many."""
     fig, ax = plt.subplots(figsize=(9, 6.5), layout="constrained")
     ax.set(
         xlabel="peak memory, mem/peak_mb (MiB)",
         ylabel="training throughput, perf/samples_per_s (samples/s)",
         title=title,
     )
+    x, y = (table[column].to_numpy(float) for column in (MEMORY, THROUGHPUT))
+    drawn = drawable(x) & drawable(y) & (x >= 0) & (y >= 0)
+    table, front = table[drawn].reset_index(drop=True), front[drawn]
     x, y, auc = (table[column].to_numpy(float) for column in (MEMORY, THROUGHPUT, AUC))
     several = bool((table["n"] > 1).any())
     if several:
@@ -63,7 +73,7 @@ def throughput_memory(table: pd.DataFrame, keys: list[str], front: np.ndarray, t
             capsize=3,
             zorder=1,
         )
-    finite = auc[np.isfinite(auc)]
+    finite = auc[drawable(auc)]
     points = ax.scatter(
         x,
         y,
@@ -114,6 +124,7 @@ def throughput_memory(table: pd.DataFrame, keys: list[str], front: np.ndarray, t
     place_labels(ax, x, y, {i: config_label(table.iloc[i], keys) for i in labelled})
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
+    return int((~drawn).sum())
 
 
 # Label offsets tried in turn (points from the marker; alignment), nearest first.
@@ -187,16 +198,20 @@ PANELS = (
 CI_COLOR, MARGIN_COLOR = "crimson", "darkorange"
 
 
-def paired_effects(found: pd.DataFrame, summary: pd.DataFrame, title: str, path: Path) -> None:
+def paired_effects(found: pd.DataFrame, summary: pd.DataFrame, title: str, path: Path) -> int:
     """One row per comparison (``amp=true vs false``), three panels (samples/s ratio, memory change, AUC
     difference): a bar at the mean over pairs (geometric for ratios) with its 95% interval, a dot per pair of runs
     (hollow: left out of speed), the margin (the band of ``no difference`` for ratios, the line at ``-margin`` for
-    AUC) and, at the right, the verdicts."""
+    AUC) and, at the right, the verdicts. Values no axis can place (:func:`drawable`: missing, infinite, a ratio
+    not above 0) are left out; returns how many pairs' values were."""
     comparisons = list(summary[["param", "value", "baseline"]].itertuples(index=False))
     rows = np.arange(len(comparisons))
     fig, axes = plt.subplots(1, 3, figsize=(16, 1.8 + 0.85 * len(rows)), sharey=True, layout="constrained")
+    left_out = 0
     for ax, (effect, xlabel, reference, axis_value, log) in zip(axes, PANELS, strict=True):
-        means, lo, hi = (axis_value(summary[c].to_numpy(float)) for c in (effect.mean, effect.lo, effect.hi))
+        means, lo, hi = (
+            shown(axis_value(summary[c].to_numpy(float)), log) for c in (effect.mean, effect.lo, effect.hi)
+        )
         ax.barh(rows, means - reference, left=reference, height=0.5, color="tab:blue", alpha=0.45)
         ax.errorbar(
             means, rows, xerr=[means - lo, hi - means], fmt="none", ecolor=CI_COLOR, elinewidth=1.5, capsize=5, zorder=3
@@ -211,6 +226,8 @@ def paired_effects(found: pd.DataFrame, summary: pd.DataFrame, title: str, path:
                 (found["param"] == key.param) & (found["value"] == key.value) & (found["baseline"] == key.baseline)
             ]
             x = axis_value(dots[effect.pair].to_numpy(float))
+            left_out += int((~drawable(x, log)).sum())
+            x = shown(x, log)
             left = dots[list(LEFT_OUT)].any(axis=1).to_numpy() if effect.timed else np.zeros(len(dots), bool)
             ax.plot(x[~left], np.full((~left).sum(), row), "o", color="black", markersize=4)
             ax.plot(x[left], np.full(left.sum(), row), "o", color="0.5", markerfacecolor="none", markersize=4)
@@ -253,6 +270,12 @@ def paired_effects(found: pd.DataFrame, summary: pd.DataFrame, title: str, path:
     fig.suptitle(title)
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
+    return left_out
+
+
+def shown(values: np.ndarray, log: bool) -> np.ndarray:
+    """``values`` with those no axis can place (:func:`drawable`) as NaN, which matplotlib leaves out."""
+    return np.where(drawable(values, log), values, np.nan)
 
 
 def legend(summary: pd.DataFrame) -> list:

@@ -4,7 +4,9 @@ run's params, metrics and speed tags as one row (``val/*`` at the best epoch, sa
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,14 +22,16 @@ from omegaconf.errors import OmegaConfBaseException
 
 from src.config import ReportConfig
 from src.errors import UsageError
-from src.report.analysis import AUC, CONTENDED, DTYPE, MEMORY, STEPS_TIMED, THROUGHPUT
+from src.report.analysis import AUC, CONFIG_HASH, CONTENDED, DTYPE, MEMORY, SET_ASIDE, STARTED, STEPS_TIMED, THROUGHPUT
 from src.tracking.store import search_all, tracking_uri
 from src.tracking.sweep import PARENT_ID_FILE, read_parent_id
 
 METRICS = ["test/acc", AUC, "val/acc", "val/auc", THROUGHPUT, MEMORY, "mem/predicted_mb"]
 BEST_EPOCH = ("val/auc", "val/acc")  # read at the epoch the run tested (best_epoch)
 THROUGHPUT_MEDIAN = "perf/samples_per_s_median"  # the median over a run's timed epochs, logged at its end
-NOT_PARAMS = ("run_id", "status", *METRICS, STEPS_TIMED, CONTENDED, DTYPE)
+FLOAT_MAX = np.finfo(float).max  # how MLflow's SQL stores keep an infinite metric (its sign kept)
+NOT_PARAMS = ("run_id", "status", *METRICS, STEPS_TIMED, CONTENDED, DTYPE, CONFIG_HASH, STARTED, SET_ASIDE)
+FOLDER_NAME_MAX = 100  # bytes of a default folder named after an experiment: well inside any file system's 255
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,7 @@ class Selection:
     out: Path
 
 
+REPORTS = Path("reports")  # where reports of a parent run off this machine, or of an experiment, go by default
 SWEEPS = Path("sweeps")  # where a sweep's folder goes by default (conf/config.yaml: sweeps/<date>/<time>)
 
 
@@ -69,6 +74,17 @@ def report_store(cfg: ReportConfig) -> str:
     return tracking_uri(cfg)
 
 
+def folder_name(name: str) -> str:
+    """``name`` as one folder's name: path separators as ``_``, a name of dots only (``..``) as underscores, and one
+    longer than :data:`FOLDER_NAME_MAX` bytes cut, with a short hash of the whole to keep names apart."""
+    safe = re.sub(r"[/\\\x00]", "_", name)
+    safe = "_" * len(safe) if set(safe) <= {"."} else safe
+    if len(safe.encode()) <= FOLDER_NAME_MAX:
+        return safe
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{safe.encode()[: FOLDER_NAME_MAX - 9].decode(errors='ignore')}-{digest}"
+
+
 def parent_run(client: mlflow.MlflowClient, run_id: str, selector: str, uri: str) -> Run:
     try:
         return client.get_run(run_id)
@@ -86,7 +102,11 @@ def select(cfg: ReportConfig, client: mlflow.MlflowClient, uri: str) -> Selectio
             names = ", ".join(e.name for e in client.search_experiments())
             raise UsageError(f"mlflow.experiment={cfg.mlflow.experiment} is not in {uri}: use one of {names}")
         runs = [r for r in search_all(client, experiment.experiment_id) if r.data.tags.get("role") != "sweep"]
-        return Selection(f"experiment {experiment.name}", runs, None, Path("reports") / experiment.name)
+        if not runs:
+            raise UsageError(
+                f"mlflow.experiment={experiment.name} has no runs in {uri}: give the experiment the runs logged to"
+            )
+        return Selection(f"experiment {experiment.name}", runs, None, REPORTS / folder_name(experiment.name))
     selector = f"sweep={cfg.sweep}" if cfg.sweep is not None else f"parent={cfg.parent}"
     if cfg.sweep is not None:
         folder = Path(cfg.sweep).expanduser()
@@ -103,7 +123,7 @@ def select(cfg: ReportConfig, client: mlflow.MlflowClient, uri: str) -> Selectio
     else:
         parent = parent_run(client, cfg.parent, selector, uri)
         sweep_dir = Path(parent.data.tags.get("sweep_dir", "/nonexistent"))
-        out = sweep_dir / "report" if sweep_dir.is_dir() else Path("reports") / parent.info.run_id
+        out = sweep_dir / "report" if sweep_dir.is_dir() else REPORTS / parent.info.run_id
     children = search_all(client, parent.info.experiment_id, f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{parent.info.run_id}'")
     if not children:
         raise UsageError(
@@ -148,15 +168,22 @@ def run_metrics(client: mlflow.MlflowClient, run: Run) -> dict[str, float]:
 
 
 def run_tags(run: Run) -> dict:
-    """Whether other processes shared the machine (:data:`CONTENDED`; runs logged before it was tagged: not) and
-    the precision trained in (:data:`DTYPE`; ``""`` when not tagged)."""
+    """Whether other processes shared the machine (:data:`CONTENDED`; runs logged before it was tagged: not), the
+    precision trained in (:data:`DTYPE`; ``""`` when not tagged), its configuration's :data:`CONFIG_HASH` (``""``
+    when not tagged) and its :data:`STARTED` time."""
     tags = run.data.tags
-    return {CONTENDED: tags.get(CONTENDED) == "true", DTYPE: tags.get(DTYPE, "")}
+    return {
+        CONTENDED: tags.get(CONTENDED) == "true",
+        DTYPE: tags.get(DTYPE, ""),
+        CONFIG_HASH: tags.get(CONFIG_HASH, ""),
+        STARTED: run.info.start_time,
+    }
 
 
 def run_frame(client: mlflow.MlflowClient, runs: list[Run]) -> pd.DataFrame:
     """One row per run: ``run_id``, ``status``, every param (string, ``""`` when a run lacks it), :data:`METRICS`,
-    :data:`STEPS_TIMED` and :func:`run_tags`."""
+    :data:`STEPS_TIMED` (an infinite value as logged, not as the store keeps it: :data:`FLOAT_MAX`) and
+    :func:`run_tags`."""
     rows = [
         {"run_id": r.info.run_id, "status": status(r), **r.data.params, **run_metrics(client, r), **run_tags(r)}
         for r in runs
@@ -164,6 +191,8 @@ def run_frame(client: mlflow.MlflowClient, runs: list[Run]) -> pd.DataFrame:
     frame = pd.DataFrame(rows)
     params = param_columns(frame)
     frame[params] = frame[params].fillna("").astype(str)
+    metrics = [*METRICS, STEPS_TIMED]
+    frame[metrics] = frame[metrics].replace({FLOAT_MAX: np.inf, -FLOAT_MAX: -np.inf})
     return frame
 
 

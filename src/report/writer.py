@@ -11,6 +11,7 @@ import base64
 import dataclasses
 import html
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from mlflow.exceptions import MlflowException
 
 from src.config import ReportConfig
 from src.errors import UsageError
@@ -31,6 +33,7 @@ from src.report.analysis import (
     MEMORY,
     MIN_TIMED_STEPS,
     SEED,
+    SET_ASIDE,
     STEPS_TIMED,
     THROUGHPUT,
     aggregate,
@@ -40,6 +43,7 @@ from src.report.analysis import (
     paired_effects,
     pareto_front,
     summarize_effects,
+    superseded,
     swept_columns,
     unfit_for_speed,
     verdict_text,
@@ -62,6 +66,7 @@ log = logging.getLogger(__name__)
 
 
 FILES = ("report.md", "report.html", "runs.csv", "effects.csv", "throughput_memory.png", "paired_effects.png")
+NAME_MAX, PATH_MAX = 255, 4096  # bytes of one name in a path, and of a whole path, that Linux file systems take
 DEFINITIONS = (
     "`val/acc`, `val/auc`: at the epoch whose weights were tested (`best_epoch`, by `select_by`); "
     "`perf/samples_per_s`: the median over epochs (`perf/samples_per_s_median`); `mem/peak_mb`: the run's peak; "
@@ -231,12 +236,29 @@ def effects_text(margins: Mapping[str, float]) -> str:
     )
 
 
+def set_aside_note(set_aside: int) -> str:
+    """One line on the older runs of configurations run again that the tables leave out; ``""`` when none."""
+    if not set_aside:
+        return ""
+    return (
+        f"Set aside: {set_aside} older FINISHED run{'s' if set_aside > 1 else ''} of configurations run again (same "
+        "`config_hash` tag, seed included): each configuration counts once, by its latest FINISHED run; `runs.csv` "
+        "lists every run (column `set_aside`)."
+    )
+
+
+def not_drawn(count: int, what: str) -> str:
+    """`` Not drawn: 2 <what> ...`` for a figure that left values out; ``""`` when none."""
+    return f" Not drawn: {count} {what} (missing, infinite, negative, or a ratio not above 0)." if count else ""
+
+
 def write_report(
     frame: pd.DataFrame, selection: Selection, uri: str, out: Path, margins: Mapping[str, float]
 ) -> list[Path]:
     """Tables and figures of a :func:`run_frame` into ``out``, effects judged against ``margins`` (``margin``,
     ``speed_margin``, ``memory_margin``); returns the files written."""
-    finished = frame[frame["status"] == "FINISHED"].reset_index(drop=True)
+    frame = frame.assign(**{SET_ASIDE: superseded(frame)})
+    finished = frame[(frame["status"] == "FINISHED") & ~frame[SET_ASIDE]].reset_index(drop=True)
     others = frame[frame["status"] != "FINISHED"].reset_index(drop=True)
     swept = swept_columns(frame[param_columns(frame)])
     keys = [k for k in swept if k != SEED]
@@ -247,7 +269,7 @@ def write_report(
     precision = precision_shown(finished, keys)
     out.mkdir(parents=True, exist_ok=True)
     title = f"Report: {selection.label}"
-    plots.throughput_memory(
+    undrawn = plots.throughput_memory(
         table, keys, front, f"Throughput vs peak memory: {selection.label}", out / "throughput_memory.png"
     )
     seeds = f"mean ± std over seeds (n runs); {DEFINITIONS}" if SEED in swept else DEFINITIONS
@@ -258,13 +280,14 @@ def write_report(
             f"{f' (parent run {selection.parent_id})' if selection.parent_id else ''}; swept: "
             f"{', '.join(f'`{k}`' for k in swept) or 'nothing'}; written {datetime.now():%Y-%m-%d %H:%M}.",
         ),
+        *([Section("", note)] if (note := set_aside_note(int(frame[SET_ASIDE].sum()))) else []),
         *([Section("", note)] if (note := speed_note(finished)) else []),
         Section(
             "Configurations",
             f"{seeds} Pareto: no other configuration is at least as fast (samples/s), as "
             f"small (peak memory) and as accurate (test AUC; a missing one counts as worst), "
             f"and better in one of the three.{f' {PRECISION}' if precision else ''}"
-            f"{f' {CONTENDED_RUNS}' if table[CONTENDED].any() else ''}",
+            f"{f' {CONTENDED_RUNS}' if table[CONTENDED].any() else ''}{not_drawn(undrawn, 'configurations')}",
             configurations_table(table, keys, front, precision),
             "throughput_memory.png",
         ),
@@ -273,8 +296,9 @@ def write_report(
         (out / "paired_effects.png").unlink(missing_ok=True)  # an earlier report's
         sections.append(Section("Paired effects", "No two finished runs differ in only one swept parameter."))
     else:
-        plots.paired_effects(found, summary, f"Paired effects: {selection.label}", out / "paired_effects.png")
-        sections.append(Section("Paired effects", effects_text(margins), effects_table(summary), "paired_effects.png"))
+        undrawn = plots.paired_effects(found, summary, f"Paired effects: {selection.label}", out / "paired_effects.png")
+        text = effects_text(margins) + not_drawn(undrawn, "values of pairs")
+        sections.append(Section("Paired effects", text, effects_table(summary), "paired_effects.png"))
     sections.append(
         Section(
             "Datasets",
@@ -303,8 +327,48 @@ def write_report(
     return [out / name for name in FILES if (out / name).exists()]
 
 
+def short_enough(key: str, path: str | None) -> None:
+    """A :class:`UsageError` for a path the file system would refuse as too long (``ENAMETOOLONG``): a name in it
+    over :data:`NAME_MAX` bytes, or all of it over :data:`PATH_MAX`."""
+    if path is None:
+        return
+    full = Path(path).expanduser().absolute()
+    if len(os.fsencode(full)) >= PATH_MAX or any(len(os.fsencode(part)) > NAME_MAX for part in full.parts):
+        raise UsageError(
+            f"{key}={path}: too long for the file system (a name in it over {NAME_MAX} bytes, or over {PATH_MAX} "
+            f"in all): give a shorter path"
+        )
+
+
+def no_folder_in_the_way(out: Path) -> None:
+    """A :class:`UsageError` where one of the report's files (:data:`FILES`) in ``out`` is something other than a
+    file (a folder): checked before any is written, so nothing is half-written."""
+    blocked = [name for name in FILES if (out / name).exists() and not (out / name).is_file()]
+    if blocked:
+        raise UsageError(
+            f"{out / blocked[0]} is not a file, and the report writes {', '.join(blocked)} there: remove "
+            f"{'it' if len(blocked) == 1 else 'them'} or give out=<another folder>"
+        )
+
+
+def log_report(client, run_id: str, files: list[Path], out: Path, uri: str) -> None:
+    """``files`` as artifacts under ``report/`` of ``run_id``; a :class:`UsageError` (one line) where the artifact
+    store refuses them: the report stays in ``out``."""
+    try:
+        for path in files:
+            client.log_artifact(run_id, str(path), "report")
+    except (OSError, MlflowException) as err:
+        raise UsageError(
+            f"the report was written to {out} but could not be logged to run {run_id} ({' '.join(str(err).split())}):"
+            f" make the run's artifact store writable and rerun the report, or read it in {out}"
+        ) from None
+    log.info("logged to parent run %s under report/ in %s", run_id, uri)
+
+
 def report(cfg: ReportConfig) -> Path:
     """Select, tabulate, plot, write and log; returns the output folder."""
+    for key in ("sweep", "out"):
+        short_enough(key, getattr(cfg, key))
     chosen = [
         f"{k}={v}"
         for k, v in (("sweep", cfg.sweep), ("parent", cfg.parent), ("mlflow.experiment", cfg.mlflow.experiment))
@@ -326,6 +390,7 @@ def report(cfg: ReportConfig) -> Path:
     writable(
         out, f"out={out}" if cfg.out else f"the report's folder {out}", "give out=<a folder this process can write>"
     )
+    no_folder_in_the_way(out)
     frame = run_frame(client, selection.runs)
     if not (frame["status"] == "FINISHED").any():
         raise UsageError(
@@ -339,9 +404,7 @@ def report(cfg: ReportConfig) -> Path:
     if best:
         register(best, cfg.register, uri)
     if selection.parent_id:
-        for path in files:
-            client.log_artifact(selection.parent_id, str(path), "report")
-        log.info("logged to parent run %s under report/ in %s", selection.parent_id, uri)
+        log_report(client, selection.parent_id, files, out, uri)
     else:
         log.info(
             "mlflow.experiment=%s selects no parent run: the report is not logged to MLflow", cfg.mlflow.experiment

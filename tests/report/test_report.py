@@ -25,12 +25,14 @@ from scipy import stats
 from src.errors import UsageError
 from src.report.analysis import (
     AUC_EFFECT,
+    CONFIG_HASH,
     CONTENDED,
     DTYPE,
     EFFECT_COLUMNS,
     MEMORY_EFFECT,
     MIN_TIMED_STEPS,
     SPEED_EFFECT,
+    STARTED,
     STEPS_TIMED,
     aggregate,
     interval,
@@ -360,11 +362,13 @@ def test_speed_and_memory_margin_edges_pass(value):
 
 
 def as_run_frame(runs: pd.DataFrame) -> pd.DataFrame:
-    """Hand-made runs as ``run_frame`` gives them: ids, FINISHED, every metric (NaN unless given), and as runs logged
-    before steps were counted and runs tagged (not contended, steps and precision unknown) unless given."""
-    defaults = {**dict.fromkeys(METRICS, np.nan), STEPS_TIMED: np.nan, CONTENDED: False, DTYPE: ""}
+    """Hand-made runs as ``run_frame`` gives them: ids, FINISHED, started in turn, every metric (NaN unless given),
+    and as runs logged before steps were counted and runs tagged (not contended, steps, precision and configuration
+    unknown) unless given."""
+    defaults = {**dict.fromkeys(METRICS, np.nan), STEPS_TIMED: np.nan, CONTENDED: False, DTYPE: "", CONFIG_HASH: ""}
     return runs.assign(
         run_id=[f"run{i}" for i in range(len(runs))],
+        **{STARTED: range(len(runs))},
         status="FINISHED",
         **{key: value for key, value in defaults.items() if key not in runs},
     )

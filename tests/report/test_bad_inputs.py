@@ -1,0 +1,214 @@
+"""``python -m src.report`` on inputs a tester found wrong: runs of one configuration logged twice, non-finite
+metrics, odd experiment and model names, paths too long or in the way, an artifact store that refuses the report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from mlflow.exceptions import MlflowException
+from mlflow.utils import validation
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+
+from src.errors import UsageError
+from src.report.analysis import (
+    CONFIG_HASH,
+    MEMORY_EFFECT,
+    SET_ASIDE,
+    SPEED_EFFECT,
+    STARTED,
+    pareto_front,
+    summarize_effects,
+    superseded,
+    verdict_text,
+)
+from src.report.analysis import paired_effects as find_pairs
+from src.report.runs import FOLDER_NAME_MAX, REPORTS, folder_name
+from src.report.writer import FILES, report
+from src.tracking.store import ensure_store
+from src.tracking.sweep import PARENT_ID_FILE
+from tests.helpers import run_cli
+from tests.report.test_report import MARGINS, log_run, report_config, tables
+
+LONG = "x" * 300
+
+
+def store_with(tmp_path: Path, experiment: str, runs: list[tuple[dict, dict, dict]], artifacts: str = "artifacts"):
+    """A fresh store holding ``experiment`` (its artifacts in ``artifacts`` under ``tmp_path``) with FINISHED
+    ``runs`` (params, final metrics, tags); the client, the store's URI and the experiment's id."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = ensure_store(uri)
+    experiment_id = client.create_experiment(experiment, artifact_location=str(tmp_path / artifacts))
+    for params, final, tags in runs:
+        log_run(client, experiment_id, params, [], final, tags=tags)
+    return client, uri, experiment_id
+
+
+def amp_runs(repeats: int = 1, **final) -> list[tuple[dict, dict, dict]]:
+    """amp=true,false x seed=0,1, ``repeats`` times (a sweep rerun with skip_finished=false: same config_hash)."""
+    return [
+        (
+            {"amp": amp, "seed": str(seed)},
+            {
+                "test/auc": 0.8 + 0.01 * (amp == "True") + 0.001 * repeat,
+                "perf/samples_per_s_median": 10.0 + seed,
+                "mem/peak_mb": 100.0,
+                **final,
+            },
+            {CONFIG_HASH: f"{amp}-{seed}"},
+        )
+        for repeat in range(repeats)
+        for amp in ("True", "False")
+        for seed in (0, 1)
+    ]
+
+
+# --- runs of one configuration logged more than once -------------------------------------------------------
+
+
+def test_only_the_latest_finished_run_of_a_configuration_counts():
+    runs = pd.DataFrame(
+        {
+            "status": ["FINISHED", "FINISHED", "FAILED", "FINISHED", "FINISHED", "FINISHED"],
+            CONFIG_HASH: ["a", "a", "a", "b", "", ""],  # untagged runs are their own configuration
+            STARTED: [2, 1, 3, 0, 0, 0],
+        }
+    )
+    assert superseded(runs).tolist() == [False, True, False, False, False, False]
+
+
+def test_a_sweep_run_twice_counts_each_configuration_once(tmp_path):
+    client, uri, _ = store_with(tmp_path, "medsweep", amp_runs(repeats=2))
+    out = report(report_config("mlflow.experiment=medsweep", f"mlflow.tracking_uri={uri}", f"out={tmp_path}/r"))
+    markdown = (out / "report.md").read_text()
+    found = tables(markdown)
+    assert [row["pairs"] for row in found["Paired effects"]] == ["2"]  # not 2 x 2 x 2
+    assert [row["n"] for row in found["Configurations"]] == ["2", "2"]
+    assert [row["test/auc"] for row in found["Configurations"]] == ["0.801 ± 0.000", "0.811 ± 0.000"]  # the latest
+    assert len(found["Finished runs"]) == 4
+    assert markdown.count("Set aside: 4 older FINISHED runs of configurations run again") == 1
+    listed = pd.read_csv(out / "runs.csv")
+    assert len(listed) == 8 and listed[SET_ASIDE].sum() == 4
+    assert set(listed.loc[listed[SET_ASIDE], "test/auc"].round(3)) == {0.8, 0.81}  # the first sweep's
+
+
+# --- missing and non-finite metrics -----------------------------------------------------------------------
+
+
+def test_a_missing_speed_or_memory_is_the_worst_on_the_pareto_front():
+    assert pareto_front([np.nan, 10.0], [50.0, 50.0], [0.8, 0.8]).tolist() == [False, True]
+    assert pareto_front([10.0, 10.0], [np.nan, 50.0], [0.8, 0.8]).tolist() == [False, True]
+
+
+def test_an_effect_no_pair_measured_reads_a_dash():
+    runs = pd.DataFrame(
+        {
+            "amp": ["True", "False"],
+            "seed": ["0", "0"],
+            "perf/samples_per_s": np.nan,
+            "mem/peak_mb": 1.0,
+            "test/auc": 0.8,
+        }
+    )
+    summary = summarize_effects(find_pairs(runs, ["amp", "seed"]), MARGINS)
+    row = next(summary.itertuples())
+    assert verdict_text(row, SPEED_EFFECT) == "-"  # not "inconclusive (1 pair: spread unknown)"
+    assert verdict_text(row, MEMORY_EFFECT) == "inconclusive (1 pair: spread unknown)"
+
+
+def test_infinite_nan_and_negative_metrics_are_left_out_of_the_figures(tmp_path):
+    logged = amp_runs()
+    logged[0][1]["test/auc"], logged[1][1]["test/auc"] = float("inf"), float("nan")
+    logged[2][1]["perf/samples_per_s_median"] = -5.0
+    _, uri, _ = store_with(tmp_path, "bad", logged)
+    out = report(report_config("mlflow.experiment=bad", f"mlflow.tracking_uri={uri}", f"out={tmp_path}/r"))
+    assert {path.name for path in out.iterdir()} == set(FILES)
+    assert np.isinf(pd.read_csv(out / "runs.csv")["test/auc"]).sum() == 1  # inf as logged, not the store's 1.8e308
+    assert "Not drawn: 3 values of pairs (missing, infinite, negative" in (out / "report.md").read_text()
+
+
+# --- names and paths --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "folder"),
+    [("..", "__"), (".", "_"), ("/tmp/x", "_tmp_x"), ("../../y", ".._.._y"), ("a\\b", "a_b"), ("medsweep", "medsweep")],
+)
+def test_an_experiment_name_is_one_folder_under_reports(name, folder):
+    assert folder_name(name) == folder
+
+
+def test_a_long_experiment_name_is_cut_with_a_hash_that_keeps_names_apart():
+    first, second = folder_name("é" * 499 + "a"), folder_name("é" * 499 + "b")
+    assert first != second and max(len(first.encode()), len(second.encode())) <= FOLDER_NAME_MAX
+    assert first.startswith("é" * 40)
+
+
+def test_an_experiment_named_dot_dot_reports_inside_reports(tmp_path, monkeypatch):
+    _, uri, _ = store_with(tmp_path, "../../y", amp_runs())
+    monkeypatch.chdir(tmp_path)
+    assert report(report_config("mlflow.experiment=../../y", f"mlflow.tracking_uri={uri}")) == REPORTS / ".._.._y"
+    assert (tmp_path / "reports" / ".._.._y" / "report.md").is_file()
+
+
+def test_an_experiment_without_runs_is_one_error(tmp_path):
+    _, uri, _ = store_with(tmp_path, "empty", [])
+    with pytest.raises(UsageError, match=r"^mlflow.experiment=Default has no runs in sqlite:///.*: give the"):
+        report(report_config("mlflow.experiment=Default", f"mlflow.tracking_uri={uri}"))
+
+
+@pytest.mark.parametrize("name", [".", "..", "..x", ".x", "a..b", "x.", "a/b", "a:b", "best model-1.0"])
+def test_the_model_names_register_refuses_are_mlflows(name):
+    try:
+        validation._validate_model_name(name)
+        mlflow_refuses = False
+    except MlflowException:
+        mlflow_refuses = True
+    try:
+        report_config(f"register='{name}'")
+        refused = False
+    except ValueError as err:
+        assert str(err).startswith(f"register={name}: MLflow's model names cannot")
+        refused = True
+    assert refused == mlflow_refuses
+
+
+@pytest.mark.parametrize("key", ["out", "sweep"])
+def test_a_path_too_long_is_one_error(tmp_path, key):
+    with pytest.raises(UsageError, match=f"^{key}={tmp_path}/{LONG}: too long for the file system"):
+        report(report_config(f"{key}={tmp_path}/{LONG}", f"mlflow.tracking_uri=sqlite:///{tmp_path}/s.db"))
+
+
+def test_a_path_too_long_is_one_line_and_exit_2(tmp_path):
+    result = run_cli("mlflow.experiment=medsweep", f"out={tmp_path}/{LONG}", module="src.report")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: out={tmp_path}/{LONG}: too long for the file system (a name in it over 255 bytes, or over 4096 "
+        "in all): give a shorter path"
+    ]
+
+
+@pytest.mark.parametrize("name", ["report.md", "effects.csv", "paired_effects.png"])
+def test_a_folder_where_a_report_file_goes_is_refused_before_any_file(tmp_path, name):
+    _, uri, _ = store_with(tmp_path, "medsweep", amp_runs())
+    (tmp_path / "r" / name).mkdir(parents=True)
+    with pytest.raises(UsageError, match=f"^{tmp_path}/r/{name} is not a file, and the report writes {name} there"):
+        report(report_config("mlflow.experiment=medsweep", f"mlflow.tracking_uri={uri}", f"out={tmp_path}/r"))
+    assert [path.name for path in (tmp_path / "r").iterdir()] == [name]
+
+
+def test_an_artifact_store_that_refuses_the_report_is_one_error_after_writing_it(tmp_path):
+    (tmp_path / "a-file").touch()  # the artifacts would go under a file: refused, as root too (unlike chmod)
+    client, uri, experiment_id = store_with(tmp_path, "medsweep", [], artifacts="a-file/artifacts")
+    parent = client.create_run(experiment_id, tags={"role": "sweep"}).info.run_id
+    for params, final, tags in amp_runs():
+        log_run(client, experiment_id, params, [], final, tags={**tags, MLFLOW_PARENT_RUN_ID: parent})
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / PARENT_ID_FILE).write_text(parent)
+    with pytest.raises(UsageError) as raised:
+        report(report_config(f"sweep={tmp_path / 'sweep'}", f"mlflow.tracking_uri={uri}"))
+    out = tmp_path / "sweep" / "report"
+    assert str(raised.value).startswith(f"the report was written to {out} but could not be logged to run {parent} (")
+    assert "\n" not in str(raised.value) and {path.name for path in out.iterdir()} == set(FILES)

@@ -26,12 +26,13 @@ from src.atomic import atomic_path
 from src.config import NIFTI, SPLITS, DataConfig, Intensity
 from src.errors import UsageError
 from src.folders import CACHE_ENV
-from src.volumes.preprocess import Header, check_layout, cubes, read_header
+from src.volumes.preprocess import Header, check_layout, check_resampled, cubes, read_header
 from src.volumes.table import Table, read_table
 
 log = logging.getLogger(__name__)
 
 FORMAT = 1  # how a cache is made: bump it when the preprocessing changes
+FOLDER_CHARS = 100  # the folder's name in the cache's, cut to this (a file name is at most 255 bytes)
 
 
 def preprocessing(cfg: DataConfig) -> dict[str, Any]:
@@ -55,16 +56,16 @@ def cache_path(cfg: DataConfig, table: Table) -> Path:
             ) from None
         key.update(f"{row.image}\0{row.label}\0{row.split}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
     folder = Path(os.environ[CACHE_ENV], "volumes") if os.environ.get(CACHE_ENV) else table.root / ".medsweep"
-    return folder / f"{NIFTI}_{table.root.resolve().name}_{cfg.size}_{key.hexdigest()[:16]}.npz"
+    return folder / f"{NIFTI}_{table.root.resolve().name[:FOLDER_CHARS]}_{cfg.size}_{key.hexdigest()[:16]}.npz"
 
 
 def check(cfg: DataConfig) -> bool:
     """Whether the cache for ``cfg`` is built; refuses what :func:`ensure` would (the CSV, the files' headers), writing
     nothing."""
     table = read_table(cfg)
-    if cache_path(cfg, table).exists():
+    if built(cache_path(cfg, table)):
         return True
-    check_layout(cfg, table, [read_header(table, row) for row in table.rows])
+    checked_headers(cfg, table)
     return False
 
 
@@ -72,16 +73,38 @@ def ensure(cfg: DataConfig) -> Path:
     """The cache for ``cfg``, built if missing."""
     table = read_table(cfg)
     path = cache_path(cfg, table)
-    if not path.exists():
+    if not built(path):
         build(cfg, table, path)
     return path
 
 
-def build(cfg: DataConfig, table: Table, path: Path) -> None:
-    start = time.perf_counter()
+def built(path: Path) -> bool:
+    """Whether the cache ``path`` is there and reads; a corrupt one (cut short, overwritten) is built again, a folder
+    in its place refused."""
+    if path.is_dir():
+        raise UsageError(f"the cache {path} is a folder: remove it (data=nifti builds the cache in its place)")
+    if not path.exists():
+        return False
+    try:
+        read_meta(path)
+    except Exception as err:  # numpy, zipfile and json raise assorted errors on a bad file
+        log.warning("the cache %s does not read (%s): building it again", path, err)
+        return False
+    return True
+
+
+def checked_headers(cfg: DataConfig, table: Table) -> tuple[list[Header], list[float]]:
+    """Every volume's header, checked (layout, size once resampled), and the spacing to resample to."""
     headers = [read_header(table, row) for row in table.rows]
     check_layout(cfg, table, headers)
     spacing = cfg.spacing or median_spacing(table, headers)
+    check_resampled(table, headers, spacing)
+    return headers, spacing
+
+
+def build(cfg: DataConfig, table: Table, path: Path) -> None:
+    start = time.perf_counter()
+    headers, spacing = checked_headers(cfg, table)
     log.info("preprocessing %d volumes of %s to %s mm, %d^3", len(table.rows), table.csv, spacing, cfg.size)
     done = cubes(cfg, spacing, table)
     arrays = {}
@@ -108,9 +131,10 @@ def build(cfg: DataConfig, table: Table, path: Path) -> None:
     try:
         with atomic_path(path) as partial, partial.open("wb") as out:
             np.savez(out, **arrays, meta=np.array(json.dumps(meta)))
-    except PermissionError as err:
+    except OSError as err:  # a read-only folder, a file named as the folder, a name too long
         raise UsageError(
-            f"cannot write the cache {path} ({err.strerror}): set {CACHE_ENV}=<a writable folder> to keep it there"
+            f"cannot write the cache {path} ({err.strerror}): make {path.parent} a writable folder, or set "
+            f"{CACHE_ENV}=<a writable folder> to keep it there"
         ) from None
     log.info("cached %s (%.1f MiB) in %.0f s", path, path.stat().st_size / 2**20, time.perf_counter() - start)
 

@@ -22,12 +22,22 @@ from src.errors import UsageError
 from src.volumes.table import Row, Table
 
 ZSCORE_CLIP = 3.0  # intensity=zscore: the standard deviations kept either side of the mean
+RESAMPLED_MAX = 2**30  # voxels per channel of one resampled volume (4 GiB as float32): a voxel size 1000x off refused
 
 
 @dataclass(frozen=True)
 class Header:
     shape: tuple[int, ...]
     spacing: tuple[float, ...]  # voxel size in mm along R, A, S
+    extent: tuple[float, ...]  # the volume's size in mm along R, A, S
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """:func:`pipeline`'s transforms in two, the voxels checked between them."""
+
+    load: Callable[[Any], torch.Tensor]  # a file to its float (C, ...) voxels
+    to_cube: Callable[[torch.Tensor], torch.Tensor]  # those to a (C, S, S, S) cube in [0, 1]
 
 
 def unreadable(table: Table, row: Row, err: Exception) -> UsageError:
@@ -38,7 +48,8 @@ def unreadable(table: Table, row: Row, err: Exception) -> UsageError:
 
 
 def read_header(table: Table, row: Row) -> Header:
-    """The volume's shape and its voxel size along R, A, S (its axes in RAS order), from the header alone."""
+    """The volume's shape, its voxel size and extent along R, A, S (its axes in RAS order), from the header alone; an
+    affine without a positive voxel size (to 0.0001 mm) and a direction of its own along each axis refused."""
     import nibabel as nib  # here: every command imports src.data, few build a cache
 
     try:
@@ -46,9 +57,18 @@ def read_header(table: Table, row: Row) -> Header:
         affine, shape = image.affine, image.shape
     except Exception as err:  # nibabel and gzip raise assorted errors on a bad file
         raise unreadable(table, row, err) from None
-    spacing = np.empty(3)
-    spacing[nib.orientations.io_orientation(affine)[:, 0].astype(int)] = nib.affines.voxel_sizes(affine)
-    return Header(tuple(shape), tuple(spacing.round(4).tolist()))
+    sizes = nib.affines.voxel_sizes(affine).round(4)
+    positive = np.isfinite(sizes).all() and sizes.min() > 0
+    axes = nib.orientations.io_orientation(affine)[:, 0] if positive else None  # NaN where axes share a direction
+    if axes is None or not np.isfinite(axes).all():
+        raise UsageError(
+            f"{table.at(row)}: {row.path} has a degenerate affine (voxel sizes {sizes.tolist()} mm): give its header "
+            f"an sform or qform with a positive voxel size and its own direction along each axis, or drop the row"
+        )
+    spacing, extent = np.empty(3), np.empty(3)
+    spacing[axes.astype(int)] = sizes
+    extent[axes.astype(int)] = sizes * (*shape, 1, 1)[:3]  # a 2-D image one voxel thick (refused by check_layout)
+    return Header(tuple(shape), tuple(spacing.tolist()), tuple(extent.tolist()))
 
 
 def check_layout(cfg: DataConfig, table: Table, headers: list[Header]) -> None:
@@ -75,6 +95,19 @@ def check_layout(cfg: DataConfig, table: Table, headers: list[Header]) -> None:
             )
 
 
+def check_resampled(table: Table, headers: list[Header], spacing: list[float]) -> None:
+    """Every volume resampled to ``spacing`` within :data:`RESAMPLED_MAX` voxels (a voxel size 1000x too small in a
+    header, or a median of such, would fill the memory)."""
+    for row, header in zip(table.rows, headers, strict=True):
+        voxels = [max(1, round(mm / size)) for mm, size in zip(header.extent, spacing, strict=True)]
+        if np.prod(voxels, dtype=float) > RESAMPLED_MAX:
+            raise UsageError(
+                f"{table.at(row)}: {row.image} ({' x '.join(f'{s:g}' for s in header.spacing)} mm voxels) resampled "
+                f"to {spacing} mm would be {' x '.join(map(str, voxels))} voxels, more than {RESAMPLED_MAX}: set "
+                f"data.spacing to larger voxels, or fix the voxel sizes in the headers"
+            )
+
+
 def monai_transforms() -> ModuleType:
     """``monai.transforms``, imported with torchvision kept out: importing MONAI tries it for optional networks, and a
     torchvision built for another torch fails half-way through its import; none of these transforms use it."""
@@ -89,7 +122,7 @@ def monai_transforms() -> ModuleType:
     return monai.transforms
 
 
-def pipeline(cfg: DataConfig, spacing: list[float]) -> Callable[[Any], torch.Tensor]:
+def pipeline(cfg: DataConfig, spacing: list[float]) -> Pipeline:
     """MONAI's transforms from a file to a float ``(C, S, S, S)`` cube in [0, 1] (zero outside the volume)."""
     t = monai_transforms()
     if cfg.intensity is Intensity.window:
@@ -100,24 +133,25 @@ def pipeline(cfg: DataConfig, spacing: list[float]) -> Callable[[Any], torch.Ten
         to_unit = [t.NormalizeIntensity(channel_wise=True), clipped]
     else:
         to_unit = [t.ScaleIntensity(0.0, 1.0, channel_wise=True)]
-    return t.Compose(
-        [
-            t.LoadImage(reader="NibabelReader", image_only=True),
-            t.EnsureChannelFirst(),
-            t.Orientation("RAS", labels=None),
-            t.Spacing(spacing, mode="bilinear"),
-            *to_unit,
-            t.ResizeWithPadOrCrop([cfg.size] * 3),
-        ]
-    )
+    load = [t.LoadImage(reader="NibabelReader", image_only=True), t.EnsureChannelFirst()]
+    resample = [t.Orientation("RAS", labels=None), t.Spacing(spacing, mode="bilinear")]
+    return Pipeline(t.Compose(load), t.Compose([*resample, *to_unit, t.ResizeWithPadOrCrop([cfg.size] * 3)]))
 
 
-def cube(transform: Callable[[Any], torch.Tensor], table: Table, row: Row) -> tuple[np.ndarray, str]:
-    """One volume as a uint8 ``(C, S, S, S)`` cube, and its file's MD5."""
+def cube(transforms: Pipeline, table: Table, row: Row) -> tuple[np.ndarray, str]:
+    """One volume as a uint8 ``(C, S, S, S)`` cube, and its file's MD5; a NaN or infinite voxel refused (resampling
+    and scaling would spread it, or make the cube zero)."""
     try:
-        unit = transform(row.path)
+        voxels = transforms.load(row.path)
     except Exception as err:  # a file whose header read but whose voxels do not (truncated, corrupt)
         raise unreadable(table, row, err) from None
+    bad = voxels.numel() - int(torch.isfinite(voxels).sum())
+    if bad:
+        raise UsageError(
+            f"{table.at(row)}: {row.path} has {bad} NaN or infinite voxel{'s' if bad > 1 else ''}: make each a "
+            f"number (e.g. the background value), or drop the row"
+        )
+    unit = transforms.to_cube(voxels)
     return unit.as_tensor().mul(255).round().to(torch.uint8).numpy(), hashlib.md5(row.path.read_bytes()).hexdigest()
 
 
@@ -125,11 +159,11 @@ def cubes(cfg: DataConfig, spacing: list[float], table: Table) -> list[tuple[np.
     """:func:`cube` for every row, in the table's order: one volume per core on threads sharing the transforms, as
     MONAI's ThreadDataLoader does (nibabel's gzip and torch's kernels release the GIL), each torch op on one thread;
     a progress bar on a terminal; the first failure cancels the volumes not started."""
-    transform = pipeline(cfg, spacing)
+    transforms = pipeline(cfg, spacing)
     threads, pool = torch.get_num_threads(), ThreadPoolExecutor(min(len(os.sched_getaffinity(0)), len(table.rows)))
     torch.set_num_threads(1)
     try:
-        futures = [pool.submit(cube, transform, table, row) for row in table.rows]
+        futures = [pool.submit(cube, transforms, table, row) for row in table.rows]
         for done in tqdm(as_completed(futures), total=len(futures), desc="preprocessing", unit="volume", disable=None):
             done.result()
     finally:

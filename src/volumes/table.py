@@ -9,6 +9,7 @@ else the labels sorted (indices: themselves). Every refusal is one line naming t
 from __future__ import annotations
 
 import csv
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,9 +60,10 @@ def labels_path(cfg: DataConfig) -> Path:
 def read_table(cfg: DataConfig) -> Table:
     """The CSV's rows with their class and split; refuses a CSV that does not fit ``cfg``."""
     root, path = Path(cfg.root).expanduser(), labels_path(cfg)
-    if not root.is_dir():
+    if not os.path.isdir(root):  # False, not an error, for a name too long
         raise UsageError(f"data.root={cfg.root} is not a folder: set data.root=<the folder of the volumes>")
     records = read_csv(path)
+    check_repeated(path, root, records)
     classes, labels = class_indices(cfg, path, records)
     check_classes(cfg, path, classes)
     given = "split" in records[0][1]
@@ -74,7 +76,7 @@ def read_table(cfg: DataConfig) -> Table:
 
 
 def read_csv(path: Path) -> Records:
-    """``(line, {column: stripped value})`` per row; the columns, empty cells and repeated images checked."""
+    """``(line, {column: stripped value})`` per row; the columns and empty cells checked."""
     try:
         with path.open(newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f)
@@ -98,15 +100,22 @@ def read_csv(path: Path) -> Records:
         raise UsageError(f"{path} is not a readable CSV ({err}): save it as UTF-8 text, one row per volume") from None
     if not records:
         raise UsageError(f"{path} has no rows: add one line image,label per volume")
-    seen: dict[str, int] = {}
     for line, record in records:
         for column in COLUMNS:
             if not record[column]:
                 raise UsageError(f"{path} line {line}: no {column}: give every row an image and its label")
-        first = seen.setdefault(record["image"], line)
-        if first != line:
-            raise UsageError(f"{path} line {line}: {record['image']} is on line {first} too: one row per volume")
     return records
+
+
+def check_repeated(path: Path, root: Path, records: Records) -> None:
+    """One row per volume: two rows naming one file (``c0.nii.gz``, ``./c0.nii.gz``, a link to it) refused."""
+    seen: dict[str, tuple[int, str]] = {}
+    for line, record in records:
+        image = record["image"]
+        first, spelled = seen.setdefault(os.path.realpath(root / image), (line, image))  # no error on a link loop
+        if first != line:
+            also = f" (as {spelled})" if spelled != image else ""
+            raise UsageError(f"{path} line {line}: {image} is on line {first}{also} too: one row per volume")
 
 
 def class_indices(cfg: DataConfig, path: Path, records: Records) -> tuple[list[str], list[int]]:
@@ -130,7 +139,7 @@ def class_indices(cfg: DataConfig, path: Path, records: Records) -> tuple[list[s
                 )
         return classes, [lookup[label] for _, label in labels]
     indices = [int(label) for _, label in labels]
-    classes = cfg.classes or [str(k) for k in range(max(indices) + 1)]
+    classes = cfg.classes or index_classes(path, labels, indices)
     for (line, _), index in zip(labels, indices, strict=True):
         if not 0 <= index < len(classes):
             raise UsageError(
@@ -138,6 +147,19 @@ def class_indices(cfg: DataConfig, path: Path, records: Records) -> tuple[list[s
                 f"{' (data.classes)' if cfg.classes else ''}: fix the row"
             )
     return classes, indices
+
+
+def index_classes(path: Path, labels: list[tuple[int, str]], indices: list[int]) -> list[str]:
+    """``0``, ``1``... up to the largest index; one past the rows (a class with no row) refused before the list of
+    names is made (an index of 10^9 would fill the memory)."""
+    top = max(indices)
+    if top >= len(indices):
+        line = labels[indices.index(top)][0]
+        raise UsageError(
+            f"{path} line {line}: label {top} is not a class: class indices are 0..K-1, each with rows, and the CSV's "
+            f"{len(indices)} rows hold at most {len(indices)} classes (0..{len(indices) - 1}): fix the row"
+        )
+    return [str(k) for k in range(top + 1)]
 
 
 def check_classes(cfg: DataConfig, path: Path, classes: list[str]) -> None:

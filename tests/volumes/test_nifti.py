@@ -44,6 +44,14 @@ def write_csv(root: Path, rows: list[tuple], header: str = "image,label,split") 
     return root / CSV
 
 
+def with_sform(path: Path, affine: np.ndarray) -> None:
+    """``path``'s voxels saved again under the sform ``affine`` alone (nibabel's constructor refuses a degenerate
+    one; its header takes it)."""
+    image = nib.Nifti1Image(np.asarray(nib.load(path).dataobj), None)
+    image.header.set_sform(affine, code=1)
+    nib.save(image, path)
+
+
 def noise(seed: int, shape: tuple[int, ...] = (12, 12, 12)) -> np.ndarray:
     return np.random.default_rng(seed).normal(100, 30, shape)
 
@@ -223,12 +231,57 @@ def test_the_cache_lives_beside_the_data_without_medsweep_cache_dir(tmp_path, mo
     assert ensure(cfg).parent == tmp_path / ".medsweep" and check_file(cfg)
 
 
-def test_a_corrupt_cache_is_named_with_its_fix(tmp_path):
+def test_a_folder_of_a_long_name_names_a_cache_that_fits_a_file_name(tmp_path, monkeypatch):
+    monkeypatch.delenv("MEDSWEEP_CACHE_DIR")
+    cfg = nifti(six(tmp_path / ("x" * 250)), "data.size=16")
+    assert ensure(cfg).name.startswith(f"nifti_{'x' * 100}_16_")
+
+
+@pytest.mark.parametrize("spoil", ["random-bytes", "empty", "half"])
+def test_a_corrupt_cache_is_built_again(tmp_path, spoil):
+    cfg = nifti(six(tmp_path), "data.size=16")
+    path = ensure(cfg)
+    meta, whole = read_meta(path), path.read_bytes()
+    spoilt = {
+        "random-bytes": np.random.default_rng(0).bytes(len(whole)),
+        "empty": b"",
+        "half": whole[: len(whole) // 2],
+    }
+    path.write_bytes(spoilt[spoil])
+    assert not check_file(cfg) and path.read_bytes() == spoilt[spoil]  # a dry run: to be built, nothing written
+    assert ensure(cfg) == path and read_meta(path) == meta
+    assert load_splits(cfg)["train"][0].shape == (2, 1, 16, 16, 16)
+
+
+def test_a_folder_in_place_of_the_cache_is_one_line(tmp_path):
     cfg = nifti(six(tmp_path), "data.size=16")
     path = npz_path(cfg)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"half a file")
+    path.mkdir(parents=True)
+    for check in (check_file, ensure, load_splits):
+        assert (
+            refusal(check, cfg) == f"the cache {path} is a folder: remove it (data=nifti builds the cache in its place)"
+        )
+
+
+def test_a_cache_that_reads_but_holds_no_arrays_is_named_with_its_fix(tmp_path):
+    cfg = nifti(six(tmp_path), "data.size=16")
+    path = ensure(cfg)
+    np.savez(path, meta=np.array(json.dumps(read_meta(path))))
     assert refusal(load_splits, cfg).endswith(f": {REBUILD}")
+
+
+def test_a_cache_folder_that_is_a_file_is_one_line(tmp_path, monkeypatch):
+    six(tmp_path)
+    monkeypatch.delenv("MEDSWEEP_CACHE_DIR")
+    (tmp_path / ".medsweep").write_text("not a folder")
+    cfg = nifti(tmp_path, "data.size=16")
+    assert not check_file(cfg)  # a dry run writes nothing
+    assert re.fullmatch(
+        rf"cannot write the cache {re.escape(str(tmp_path))}/\.medsweep/nifti_\S+\.npz \(File exists\): make "
+        rf"{re.escape(str(tmp_path))}/\.medsweep a writable folder, or set MEDSWEEP_CACHE_DIR=<a writable folder> to "
+        rf"keep it there",
+        refusal(ensure, cfg),
+    )
 
 
 # ---------------------------------------------------------------- the CSV: classes and splits
@@ -287,6 +340,20 @@ def bad_cases(root: Path) -> dict[str, tuple[tuple[str, ...], str]]:
         "bad-split": ((), f"{csv} line 5: split 'validation' is not train, val or test: fix it"),
         "empty-split": ((), f"{csv} has no test rows: mark some rows test"),
         "repeated": ((), f"{csv} line 7: a2.nii.gz is on line 6 too: one row per volume"),
+        "repeated-spelt-otherwise": ((), f"{csv} line 7: ./a2.nii.gz is on line 6 (as a2.nii.gz) too: one row per"),
+        "huge-index": (
+            (),
+            f"{csv} line 3: label 99999999999999999999 is not a class: class indices are 0..K-1, each with rows, and "
+            f"the CSV's 6 rows hold at most 6 classes (0..5): fix the row",
+        ),
+        "zero-affine": ((), f"{csv} line 2: {root / 'a0.nii.gz'} has a degenerate affine (voxel sizes [0.0, 0.0, 0.0]"),
+        "parallel-axes": ((), f"{csv} line 3: {root / 'b0.nii.gz'} has a degenerate affine (voxel sizes [1.0, 1.0,"),
+        "tiny-voxels": (
+            (),
+            f"{csv} line 4: a1.nii.gz (1 x 1 x 1 mm voxels) resampled to [0.001, 0.001, 0.001] mm would be 12000 x "
+            f"12000 x 12000 voxels, more than 1073741824: set data.spacing to larger voxels, or fix the voxel sizes",
+        ),
+        "long-root": ((f"data.root={root}/{'x' * 300}",), f"data.root={root}/{'x' * 300} is not a folder: set"),
         "too-few": ((), f"{csv}: class 'b' has 2 volumes, too few to split into train, val and test"),
         "num-classes": (
             (),
@@ -332,6 +399,20 @@ def prepare(root: Path, case: str) -> None:
         write_csv(root, [[image, label, "val" if split == "test" else split] for image, label, split in rows])
     elif case == "repeated":
         write_csv(root, [*rows[:5], [rows[4][0], "a", "test"]])
+    elif case == "repeated-spelt-otherwise":
+        write_csv(root, [*rows[:5], [f"./{rows[4][0]}", "b", "test"]])
+    elif case == "huge-index":
+        huge = {0: 10**9, 1: 10**20 - 1}
+        write_csv(
+            root, [[image, huge.get(i, int(label == "b")), split] for i, (image, label, split) in enumerate(rows)]
+        )
+    elif case == "zero-affine":
+        with_sform(root / "a0.nii.gz", np.zeros((4, 4)))
+    elif case == "parallel-axes":
+        with_sform(root / "b0.nii.gz", np.array([[1, 1, 0, 0], [0, 0, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]))
+    elif case == "tiny-voxels":  # the training median 0.001 mm: the other volumes 1000x on each side
+        for image in ("a0.nii.gz", "b0.nii.gz"):
+            save(root / image, noise(0), np.diag([0.001, 0.001, 0.001, 1]))
     elif case == "too-few":
         folder(
             root, [(f"a{i}.nii.gz", "a") for i in range(5)] + [("b0.nii.gz", "b"), ("b1.nii.gz", "b")], "image,label"
@@ -348,6 +429,22 @@ def prepare(root: Path, case: str) -> None:
 
 
 CASES = list(bad_cases(Path("/")))
+
+
+@pytest.mark.parametrize("voxels", ["all-nan", "one-inf"])
+def test_a_volume_with_nan_or_infinite_voxels_is_refused_and_no_cache_written(tmp_path, voxels):
+    six(tmp_path)
+    volume = np.full((12, 12, 12), np.nan) if voxels == "all-nan" else noise(0)
+    volume[3, 4, 5] = np.inf if voxels == "one-inf" else np.nan
+    save(tmp_path / "b1.nii.gz", volume)
+    cfg = nifti(tmp_path, "data.size=16")
+    assert not check_file(cfg)  # its header reads: the voxels are read when the cache is built
+    count = "1728 NaN or infinite voxels" if voxels == "all-nan" else "1 NaN or infinite voxel"
+    assert refusal(ensure, cfg) == (
+        f"{tmp_path / CSV} line 5: {tmp_path / 'b1.nii.gz'} has {count}: make each a number (e.g. the background "
+        f"value), or drop the row"
+    )
+    assert list(npz_path(cfg).parent.glob(f"*{npz_path(cfg).stem}*")) == []  # no cache, no partial file
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -384,12 +481,26 @@ def test_the_training_command_refuses_bad_input_in_one_line_before_any_run(tmp_p
     assert runs(store) == []
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["zero-affine", "huge-index", "long-root"])
+def test_the_inspect_command_refuses_bad_input_in_one_line(tmp_path, case):
+    prepare(tmp_path, case)
+    overrides, start = bad_cases(tmp_path)[case]
+    result = run_cli(
+        "data=nifti", f"data.root={tmp_path}", "data.size=16", *overrides, module="src.volumes", timeout=300
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: {start}")
+
+
 def test_nifti_keys_are_range_checked_and_medmnist_sizes_stay_28_and_64():
     for overrides, line in [
         (("data=nifti", "data.size=15"), "data.size=15 must be in [16, 256] for data=nifti"),
         (("data=nifti", "data.size=257"), "data.size=257 must be in [16, 256] for data=nifti"),
         (("data=adrenalmnist3d", "data.size=100"), "data.size=100 is not a MedMNIST 3D size: use data.size=28 or 64"),
-        (("data=nifti", "data.spacing=[1,0,1]"), "data.spacing[1]=0.0 must be > 0"),
+        (("data=nifti", "data.spacing=[1,0,1]"), "data.spacing[1]=0.0 must be in (0, 100.0]"),
+        (("data=nifti", "data.spacing=[1e300,1e300,1e300]"), "data.spacing[0]=1e+300 must be in (0, 100.0]"),
         (("data=nifti", "data.split_fractions=[0.8,0.1,0.2]"), "data.split_fractions=[0.8, 0.1, 0.2] must sum to 1"),
         (("data=nifti", "data.split_fractions=[1,0,0]"), "data.split_fractions[0]=1.0 must be in (0, 1)"),
         (("data=nifti", "data.window_width=0"), "data.window_width=0.0 must be > 0 (the window's width)"),
@@ -454,6 +565,9 @@ def test_the_inspect_command_builds_and_describes_the_cache(tmp_path):
         == "          resampled to 1 x 1 x 1 mm (the training median), cropped or padded to 16^3, intensity minmax"
     )
     assert lines[5].startswith(f"cache     {path} (") and read_meta(path)["digest"] in lines[5]
+    path.write_bytes(b"")  # a corrupt cache: built again, then described
+    again = run_cli("data=nifti", f"data.root={tmp_path}", "data.size=16", module="src.volumes", timeout=300)
+    assert again.returncode == 0 and again.stdout.strip().splitlines()[:5] == lines[:5], again.stderr[-3000:]
     not_nifti = run_cli("data=synthetic", module="src.volumes", timeout=300)
     assert not_nifti.returncode == 2
     assert not_nifti.stderr.strip().splitlines() == [

@@ -1,5 +1,12 @@
 """medsweep: measure how to train 3D medical-image classifiers fastest and in the least memory."""
 
-from src import shipped
+import sys
+
+from src.errors import stop_while_importing
+
+if sys.argv[:1] == ["-m"]:  # python -m src.<command> is importing its package: Ctrl-C in the imports is one line
+    stop_while_importing()
+
+from src import shipped  # noqa: E402  (after the handler: it imports OmegaConf)
 
 shipped.register()  # here, so every composition of conf/ (it imports src) resolves ${shipped:...}

@@ -17,14 +17,15 @@ from typing import Any, NoReturn
 
 import hydra
 from hydra._internal.utils import get_args_parser
+from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import ConfigCompositionException, OverrideParseException
+from hydra.errors import ConfigCompositionException, HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue
+from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue, OmegaConfBaseException
 
 from src.config import register
 from src.errors import UsageError, exit_with
-from src.folders import release, release_claimed
+from src.folders import release_claimed
 from src.schema_check import check_known_keys, composition_error
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -49,9 +50,8 @@ def command(
                 check_known_keys(cfg, HydraConfig.get().overrides.task)
                 check_values(cfg)
                 return fn(cfg)
-            except UsageError as err:
-                release(Path(HydraConfig.get().runtime.output_dir))
-                exit_with(err)
+            except (UsageError, InterpolationResolutionError) as err:  # the command's end releases its folder
+                exit_with(err if isinstance(err, UsageError) else one_line(err))
 
         return reporting_composition_errors(main, sweeps)
 
@@ -63,9 +63,17 @@ def check_values(cfg: DictConfig) -> None:
     :class:`UsageError`s."""
     try:
         OmegaConf.to_object(cfg)
-    except (ValueError, MissingMandatoryValue) as err:  # OmegaConf's: the key in full_key, then indented detail
-        key, line = getattr(err, "full_key", None), str(err).partition("\n")[0]
-        raise UsageError(f"{key}: {line}" if key else line) from None
+    except (ValueError, MissingMandatoryValue, InterpolationResolutionError) as err:
+        raise one_line(err) from None
+
+
+def one_line(err: Exception) -> UsageError:
+    """An OmegaConf or Hydra error as one line: the key (OmegaConf's ``full_key``; else, for an interpolation, the
+    overrides that interpolate), then its message's first line."""
+    line = str(err).strip().partition("\n")[0]
+    interpolating = [arg for arg in sys.argv[1:] if "${" in arg] if "interpolation" in line.lower() else []
+    key = getattr(err, "full_key", None) or ", ".join(interpolating)
+    return UsageError(f"{key}: {line}" if key else line)
 
 
 def reporting_composition_errors(hydra_main: Callable[..., Any], sweeps: bool = True) -> Callable[..., Any]:
@@ -75,6 +83,7 @@ def reporting_composition_errors(hydra_main: Callable[..., Any], sweeps: bool = 
 
     @functools.wraps(hydra_main)
     def run(*args: Any) -> Any:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # src's, while the command's modules were imported
         try:
             if os.environ.get(FULL_ERROR) == "1":
                 return hydra_main(*args)
@@ -99,6 +108,8 @@ def one_line_errors(hydra_main: Callable[..., Any], sweeps: bool, *args: Any) ->
         exit_with(UsageError(composition_error(err, sys.argv[1:])))
     except UsageError as err:
         exit_with(err)
+    except (HydraException, OmegaConfBaseException) as err:  # a search path, a sweep, an interpolation of the input
+        exit_with(one_line(err))
     except OverflowError:  # OmegaConf's, converting an int past the float range (309 digits or more) to a float
         keys = [arg.partition("=")[0] for arg in sys.argv[1:] if re.search(r"\d{309}", arg)]
         exit_with(UsageError(f"{', '.join(keys) or 'a value'}: a number past the float range: give one below 1e308"))
@@ -126,6 +137,7 @@ def hydra_arguments(argv: list[str]) -> list[str]:
     parser = get_args_parser()
     parser.error = refuse  # type: ignore[method-assign]  # argparse's own: usage lines, then exit 2
     parsed = parser.parse_args([arg for arg in ordered if arg not in HELP])
+    check_group_choices(parsed.overrides)
     modes = {
         "--run": parsed.run,
         "--multirun": parsed.multirun,
@@ -142,6 +154,32 @@ def hydra_arguments(argv: list[str]) -> list[str]:
     if parsed.shell_completion:
         shell_completion(parsed.overrides)
     return ordered
+
+
+def check_group_choices(overrides: list[str]) -> None:
+    """Refuse a config group given a value no option is named by (``model=null``, ``optim=1``): Hydra fails on it
+    with a traceback."""
+    for override in overrides:
+        group, _, value = override.partition("=")
+        if (options := group_options(group)) and (value.lower() in ("null", "true", "false") or number(value)):
+            raise UsageError(f"{override} is not an option of {group}: use one of {', '.join(options)}")
+
+
+def group_options(group: str) -> list[str]:
+    """The options of config group ``group`` (its files in conf/, its schemas in Hydra's ConfigStore); none for a key
+    that is no group."""
+    stored = ConfigStore.instance().repo.get(group) if group != "hydra" else None
+    files = [path.name for path in (Path(CONF_DIR) / group).glob("*.yaml")] if group else []
+    named = files + (list(stored) if isinstance(stored, dict) else [])
+    return sorted({name.removesuffix(".yaml") for name in named})
+
+
+def number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def shell_completion(overrides: list[str]) -> None:

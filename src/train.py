@@ -37,7 +37,8 @@ def train(cfg: DictConfig) -> float:
 main = command("config")(train)
 
 if __name__ == "__main__":
-    if int(os.environ.get("RANK", "0")) > 0:  # torchrun / SLURM rank > 0: rank 0 owns the output folder
+    rank = os.environ.get("RANK", "0")
+    if "WORLD_SIZE" in os.environ and rank.isdigit() and int(rank) > 0:  # torchrun / SLURM: rank 0 owns the folder
         sys.argv += ["hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=stdout"]
     from src.train import main as importable_main  # launchers pickle the task by reference, not __main__'s copy
 

@@ -3,11 +3,16 @@ is one ``error:`` line (exit 2), not its usage lines or a traceback."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
+
 import pytest
 
 from src.cli import hydra_arguments
 from src.errors import UsageError
-from tests.helpers import run_cli, runs, small_run
+from tests.helpers import ROOT, run_cli, runs, small_run
 
 
 @pytest.mark.parametrize(
@@ -93,3 +98,54 @@ def test_an_int_past_the_float_range_is_one_error_line_naming_its_key():
     result = run_cli(f"optim.lr={10**400}", module="src.memory")
     assert result.returncode == 2
     assert result.stderr.splitlines() == ["error: optim.lr: a number past the float range: give one below 1e308"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args,line",
+    [
+        (
+            ("seed=${oc.env:MEDSWEEP_UNSET}",),
+            'seed=${oc.env:MEDSWEEP_UNSET}: KeyError raised while resolving interpolation: "Environment variable',
+        ),
+        (("-m", "seed=0,${nonexist}"), "Interpolation key 'nonexist' not found"),
+    ],
+    ids=["run", "sweep"],
+)
+def test_an_interpolation_that_does_not_resolve_is_one_error_line_before_any_run(
+    tmp_path, store, shared_data, args, line
+):
+    """In a sweep Hydra turns a callback's error into a warning and starts the jobs unchecked: job 0 trained."""
+    result = run_cli(*args[:-1], *small_run(tmp_path, store, shared_data), args[-1])
+    assert result.returncode == 2, result.stderr[-3000:]
+    (error,) = result.stderr.splitlines()
+    assert error.startswith("error: ") and line in error
+    assert runs(store) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "variable,value",
+    [("LOCAL_WORLD_SIZE", "0"), ("LOCAL_WORLD_SIZE", "abc"), ("SUBMITIT_PREEMPT_SIGNAL", "FOO")],
+)
+def test_a_stray_launcher_variable_is_one_error_line_before_any_run(
+    tmp_path, store, shared_data, monkeypatch, variable, value
+):
+    monkeypatch.setenv(variable, value)
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "local")  # where submitit's signal is read
+    result = run_cli(*small_run(tmp_path, store, shared_data))
+    assert result.returncode == 2, result.stderr[-3000:]
+    (error,) = result.stderr.splitlines()
+    assert error.startswith(f"error: {variable}={value} in the environment ")
+    assert runs(store) == []
+
+
+def test_ctrl_c_while_the_command_imports_is_one_line():
+    """Before its first line runs, ``python -m src.train`` imports torch and Hydra for seconds."""
+    with subprocess.Popen(
+        [sys.executable, "-m", "src.train"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as process:
+        time.sleep(0.3)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130 and stderr.splitlines() == ["stopped (Ctrl-C)"]

@@ -81,6 +81,13 @@ CASES = {  # name: (module, overrides as one string); {tmp}, {store} and {data} 
     "one sample on BatchNorm's 1^3 map": ("src.train", "batch_size=1"),
     "a job in its own folder": ("src.train", "hydra.job.chdir=true"),
     "sweep jobs in their own folders": ("src.train", "-m hydra.job.chdir=true seed=0,1"),
+    "an in-memory store": ("src.train", "mlflow.tracking_uri=sqlite://"),
+    "a store in a folder that takes no files": ("src.train", "mlflow.tracking_uri=sqlite:////proc/medsweep.db"),
+    "a sweep with no jobs": ("src.train", "-m seed=range(42,42)"),
+    "a job folder that cannot be written": ("src.train", "-m seed=0,1 hydra.sweep.subdir=/proc/x"),
+    "a group set to null": ("src.train", "model=null"),
+    "an interval sweep without Optuna": ("src.train", "-m seed=interval(0,3)"),
+    "a config folder that does not exist": ("src.train", "-cd /no/such/folder"),
     "synthetic volumes past any memory": (
         "src.train",
         "data=synthetic data.synthetic_samples=[100000000,1,1] data.root={tmp}",

@@ -17,14 +17,18 @@ import json
 import logging
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
+from src.cli import one_line
 from src.errors import UsageError, exit_with
-from src.folders import check_no_chdir, release, writable
+from src.folders import check_no_chdir, writable
 from src.jobs.sweep_checks import checked_jobs
 from src.parallel.preemption import exit_code
 from src.tracking.identity import run_name
@@ -92,12 +96,17 @@ class Sweep(Callback):
             check_no_chdir(config)
             jobs = checked_jobs(config)
             writable(sweep_dir, f"hydra.sweep.dir={sweep_dir}")
+            for job in jobs:
+                folder = job.hydra.runtime.output_dir
+                writable(Path(folder), f"hydra.sweep.subdir={job.hydra.sweep.subdir} (job {job.num}'s folder {folder})")
             from src.jobs.sweep_main import open_sweep  # MLflow, the plans: once every job's config passed its checks
 
             self.main = open_sweep(config, jobs)
-        except UsageError as err:
-            release(sweep_dir)
-            exit_with(err)
+        except (UsageError, HydraException, OmegaConfBaseException) as err:  # Hydra would go on to the jobs unchecked
+            exit_with(err if isinstance(err, UsageError) else one_line(err))  # the command's end releases the folder
+        except Exception:  # a fault of the checks: Hydra warns of a callback's error and starts the jobs, unchecked
+            log.exception("the sweep's checks failed")
+            sys.exit(1)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if self.main is not None:

@@ -18,8 +18,9 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
-from src.cli import check_values
+from src.cli import check_values, one_line
 from src.errors import UsageError
 from src.schema_check import check_known_keys, composition_error
 from src.tracking.identity import run_name
@@ -89,6 +90,8 @@ def job_errors(num: int, name: str, overrides: list[str]) -> Iterator[None]:
         raise UsageError(f"job {num} ({name}): {err}") from None
     except HydraException as err:
         raise UsageError(f"job {num} ({name}): {composition_error(err, overrides)}") from None
+    except OmegaConfBaseException as err:  # an interpolation that does not resolve
+        raise UsageError(f"job {num} ({name}): {one_line(err)}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +116,11 @@ def checked_jobs(config: DictConfig) -> list[SweepJob]:
     check_launcher(config)
     loader = GlobalHydra.instance().config_loader()
     overrides_of = sweep_jobs(config)
+    if not overrides_of:
+        raise UsageError(
+            "the sweep has no jobs: a swept key takes no value (a range() with none, a glob() that matches no "
+            "option): give each swept key a value or more"
+        )
     jobs = []
     for num, overrides in enumerate(overrides_of):
         name = " ".join(o for o in overrides if any(o not in other for other in overrides_of)) or run_name(overrides)

@@ -35,7 +35,7 @@ class Rank:
     @property
     def node(self) -> str | None:
         """``node<k>`` on a job of several nodes, else None."""
-        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
+        per_node = env_count("LOCAL_WORLD_SIZE", 1) or self.world
         if per_node >= self.world:
             return None
         return f"node{os.environ.get('GROUP_RANK', self.rank // per_node)}"
@@ -63,7 +63,24 @@ def external_rank() -> Rank | None:
             TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return None
-    return Rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0")))
+    rank, world = env_count("RANK", 0), env_count("WORLD_SIZE", 1)
+    if rank >= world:
+        raise UsageError(f"RANK={rank} in the environment must be below WORLD_SIZE={world}: unset both for one process")
+    return Rank(rank, world, env_count("LOCAL_RANK", 0) or 0)
+
+
+def env_count(name: str, least: int) -> int | None:
+    """The count that torchrun, SLURM or submitit set in the environment variable ``name``, None where unset; a
+    :class:`UsageError` for a value that is not a whole number >= ``least`` (a stray or mistyped export)."""
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    if not (value.strip().isdigit() and int(value) >= least):
+        raise UsageError(
+            f"{name}={value} in the environment must be a whole number >= {least} (torchrun, SLURM and submitit set "
+            f"it): fix or unset it"
+        )
+    return int(value)
 
 
 def world_size(cfg: Config, gpus: tuple[int, ...]) -> int:

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 import psutil
 
+from src.errors import UsageError
+
 log = logging.getLogger(__name__)
 
 EXIT_PREEMPTED = 128 + signal.SIGTERM  # 143, the shell's code for "terminated by SIGTERM"
@@ -37,7 +39,12 @@ def requeue_signal() -> signal.Signals | None:
     """submitit's preemption/timeout signal in a submitit job (``SUBMITIT_PREEMPT_SIGNAL``, USR2 by default)."""
     if "SUBMITIT_EXECUTOR" not in os.environ:
         return None
-    return signal.Signals["SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2")]
+    name = "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2")
+    if name not in signal.Signals.__members__:
+        raise UsageError(
+            f"SUBMITIT_PREEMPT_SIGNAL={name[3:]} in the environment is not a signal: use USR2, or unset it"
+        )
+    return signal.Signals[name]
 
 
 def stop_signals() -> list[signal.Signals]:

@@ -63,4 +63,4 @@ def data_parallel_width(cfg: Config, gpus: tuple[int, ...]) -> int:
 def ranks_on_node(cfg: Config, world: int) -> int:
     """The ranks sharing this node's cores and memory: torchrun's ``LOCAL_WORLD_SIZE``, a spawned DDP job's ranks,
     else 1."""
-    return int(os.environ.get("LOCAL_WORLD_SIZE", world if cfg.parallel.mode is ParallelMode.ddp else 1))
+    return dist.env_count("LOCAL_WORLD_SIZE", 1) or (world if cfg.parallel.mode is ParallelMode.ddp else 1)

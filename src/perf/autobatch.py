@@ -161,9 +161,11 @@ def probe_peak_mb(cfg: Config, device: torch.device, batch_size: int) -> float:
 
 
 def predicted_candidates(cfg: Config, device: torch.device, world: int) -> tuple[float, list[int]]:
-    """The budget, and the micro-batches to confirm, largest first, of those predicted within its usable part."""
+    """The budget, and the micro-batches to confirm, largest first, of those predicted within its usable part and
+    whose optimizer step the training split fills (``accumulate`` kept where no ``effective_batch_size`` sets it)."""
     budget = budget_mb(cfg, device)
-    largest = largest_predicted(cfg, device, usable_mb(budget, device), split_sizes(cfg.data)["train"] // world)
+    steps = world * (1 if cfg.effective_batch_size else cfg.accumulate)
+    largest = largest_predicted(cfg, device, usable_mb(budget, device), split_sizes(cfg.data)["train"] // steps)
     return budget, candidates(cfg, world, largest)
 
 

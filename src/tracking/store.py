@@ -8,6 +8,7 @@ import functools
 import logging
 import os
 import sqlite3
+import tempfile
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,6 +64,12 @@ def check_store(uri: str) -> None:
 def probe(uri: str) -> None:
     """Refuse in seconds, creating nothing, a store that cannot be used: a server that does not answer at once (MLflow
     retries for minutes), an SQLite database or folder this process cannot write."""
+    if uri.startswith("sqlite:") and sqlite_path(uri) is None:
+        raise unusable(
+            uri,
+            "is an in-memory SQLite database: its runs go when the process ends",
+            "name a file, e.g. mlflow.tracking_uri=sqlite:///mlflow.db",
+        )
     if uri.startswith(("http://", "https://")):
         probe_server(uri)
     elif (path := sqlite_path(uri)) is not None:
@@ -136,8 +143,10 @@ def probe_sqlite(uri: str, path: Path) -> None:
             "create it or set mlflow.tracking_uri to another store",
         )
     if not path.exists():
-        if not os.access(path.parent, os.W_OK):
-            raise read_only(uri, path.parent)
+        try:  # a file made and gone: permissions (root passes os.access) and file systems that refuse files (/proc)
+            tempfile.TemporaryFile(dir=path.parent).close()
+        except OSError:
+            raise read_only(uri, path.parent) from None
         return
     error = write_error(path)
     if error is None or "locked" in str(error):  # locked: another process is writing it

@@ -12,6 +12,7 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
+from src.data import split_sizes
 from src.errors import UsageError
 from src.jobs.outcome import attempts
 from src.models.profile import forward_flops, train_flops
@@ -249,6 +250,17 @@ def test_auto_batch_keeps_the_headroom_free_on_cpu_only(tmp_path, store, shared_
     for budget, batches in [(at_4 + 1, [2]), (at_4 / (1 - CPU_HEADROOM) + 1, [4, 2])]:  # BatchNorm: 2 or more
         assert predicted_candidates(dataclasses.replace(cfg, mem_budget_mb=budget), CPU, 1) == (budget, batches)
     assert usable_mb(1000.0, CPU) == 1000.0 * (1 - CPU_HEADROOM) and usable_mb(1000.0, torch.device("cuda")) == 1000.0
+
+
+def test_auto_batch_with_accumulate_keeps_each_optimizer_step_within_the_training_split(shared_data):
+    """With ``accumulate=2`` and no effective batch, a micro-batch of the whole split made a step past it, refused
+    after the probes."""
+    cfg = OmegaConf.to_object(
+        compose_config("model=resnet10", "batch_size=auto", "accumulate=2", f"data.root={shared_data}")
+    )
+    train = split_sizes(cfg.data)["train"]
+    _, batches = predicted_candidates(dataclasses.replace(cfg, mem_budget_mb=1e9), CPU, 1)
+    assert batches[0] == train // 2 and all(batch * 2 <= train for batch in batches)
 
 
 def test_a_given_batch_past_the_memory_free_is_refused_on_cpu(shared_data):

@@ -201,8 +201,8 @@ def test_a_one_job_sweep_is_named_by_what_changes_results_its_stores_password_le
 
 
 def start_sweep(tmp_path: Path, *args: str, nohup: bool = False) -> tuple[subprocess.Popen, Path]:
-    """``python -m src.train -m ARGS`` (under ``nohup``: SIGHUP ignored) in a session of its own, its output in a
-    file."""
+    """``python -m src.train -m ARGS`` (under ``nohup``: SIGHUP ignored; else SIGHUP's default, even where the tests
+    themselves run under nohup) in a session of its own, its output in a file."""
     tmp_path.mkdir(exist_ok=True)
     log = tmp_path / "sweep.log"
     with log.open("w") as out:
@@ -213,6 +213,7 @@ def start_sweep(tmp_path: Path, *args: str, nohup: bool = False) -> tuple[subpro
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
             start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
         )
     return process, log
 

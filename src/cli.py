@@ -123,7 +123,6 @@ def one_line_errors(hydra_main: Callable[..., Any], sweeps: bool, *args: Any) ->
             os.environ[FULL_ERROR] = previous
 
 
-SWITCHES = ("-m", "--multirun", "-r", "--run", "--resolve", "-sc", "--shell-completion")  # Hydra's, without a value
 HELP = ("-h", "--help", "--hydra-help", "--version")  # Hydra prints and exits
 SHELL_SUBCOMMANDS = ("install", "uninstall", "query")  # of --shell-completion
 
@@ -132,10 +131,16 @@ def hydra_arguments(argv: list[str]) -> list[str]:
     """``argv`` with Hydra's switches placed before the overrides, where its parser wants them (``model=x -m seed=0,1``
     is ``-m model=x seed=0,1``); a :class:`UsageError` naming what Hydra refuses (an unknown flag, a flag without its
     value, two modes), in place of its usage lines or traceback."""
-    switches = [i for i, arg in enumerate(argv) if arg in SWITCHES and not (i and takes_value(argv[i - 1]))]
-    ordered = [argv[i] for i in switches] + [arg for i, arg in enumerate(argv) if i not in switches]
     parser = get_args_parser()
     parser.error = refuse  # type: ignore[method-assign]  # argparse's own: usage lines, then exit 2
+    flags = parser._option_string_actions  # each flag of Hydra's parser, its action
+    valued = {flag for flag, action in flags.items() if action.nargs != 0}  # --cfg job, -cn name, --info [what]
+    switches = [
+        i
+        for i, arg in enumerate(argv)
+        if arg in flags and flags[arg].nargs == 0 and arg not in HELP and not (i and argv[i - 1] in valued)
+    ]
+    ordered = [argv[i] for i in switches] + [arg for i, arg in enumerate(argv) if i not in switches]
     parsed = parser.parse_args([arg for arg in ordered if arg not in HELP])
     check_group_choices(parsed.overrides)
     modes = {
@@ -189,12 +194,6 @@ def shell_completion(overrides: list[str]) -> None:
         refuse("--shell-completion takes one of install=<shell>, uninstall=<shell>, query=<shell> (bash, zsh, fish)")
     if subcommands[0][0] == "query" and "COMP_LINE" not in os.environ:
         refuse("--shell-completion query=<shell> is the shell's own call as it completes (COMP_LINE unset)")
-
-
-def takes_value(arg: str) -> bool:
-    """Whether ``arg`` is one of Hydra's flags followed by its value (``--cfg job``, ``-cn name``, ...)."""
-    valued = ("-c", "--cfg", "-p", "--package", "-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir")
-    return arg in (*valued, "--experimental-rerun", "-i", "--info")
 
 
 def refuse(message: str) -> NoReturn:

@@ -71,11 +71,11 @@ def test_a_job_plans_on_its_own_gpu():
 
 
 @pytest.mark.gpu
-def test_two_jobs_on_one_gpu_each_plan_batch_size_auto_within_half_of_it(tmp_path, store, shared_data):
+def test_two_jobs_on_one_gpu_each_plan_batch_size_auto_within_half_of_it(tmp_path, store, shared_data, monkeypatch):
     total_mb = torch.cuda.mem_get_info(0)[1] / 2**20
     overrides = small_run(tmp_path, store, shared_data, "device=cuda", "batch_size=auto", "epochs=1", "seed=0,1")
-    with machine_share.environment({"CUDA_VISIBLE_DEVICES": "0"}, "CUDA_VISIBLE_DEVICES"):
-        result = run_cli("-m", *overrides, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "gpu_share=none")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    result = run_cli("-m", *overrides, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "gpu_share=none")
     assert result.returncode == 0, result.stderr[-3000:]
     budgets = [float(run.data.tags["batch.auto_budget_mb"]) for run in runs(store) if run.data.tags.get("batch.auto")]
     assert len(budgets) == 2 and all(budget <= total_mb / 2 + 1 for budget in budgets)

@@ -27,7 +27,7 @@ from src.parallel import machine_share, mps
 from src.parallel.launch import launcher_jobs
 from src.parallel.preemption import SignalWatcher
 from src.parallel.ranks import job_world
-from src.tracking.store import check_store, ensure_store, tracking_uri
+from src.tracking.store import check_store, ensure_store, store_exists, tracking_uri, usable_experiment
 from src.tracking.sweep import close_parent, open_parent
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,8 @@ def open_sweep(config: DictConfig, jobs: list[SweepJob]) -> SweepMain | None:
     sweep; None for a dry run, which holds and opens nothing."""
     sweep_dir, uri = Path(config.hydra.sweep.dir), tracking_uri(config)
     check_store(uri)
+    if store_exists(uri):  # before the folder is held (skip_finished=false plans no store search)
+        usable_experiment(ensure_store(uri), config.mlflow.experiment)
     gpus = torch.cuda.device_count() if config.device is not Device.cpu else 0
     at_once = launcher_jobs(config.hydra, handed_at_once(config, jobs))
     kept = contextlib.ExitStack()

@@ -1,11 +1,13 @@
-"""The runs a report covers, read from MLflow: a sweep folder's or parent run's children, or an experiment; each
-run's params, metrics and speed tags as one row (``val/*`` at the best epoch, samples/s the median over epochs)."""
+"""The runs a report covers, read from MLflow: a sweep folder's or parent run's children and the FINISHED runs its
+skipped jobs named, or an experiment; each run's params, metrics and speed tags as one row (``val/*`` at the best
+epoch, samples/s the median over epochs)."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +26,9 @@ from src.config import ReportConfig
 from src.errors import UsageError
 from src.report.analysis import AUC, CONFIG_HASH, CONTENDED, DTYPE, MEMORY, SET_ASIDE, STARTED, STEPS_TIMED, THROUGHPUT
 from src.tracking.store import search_all, tracking_uri
-from src.tracking.sweep import PARENT_ID_FILE, read_parent_id
+from src.tracking.sweep import PARENT_ID_FILE, RUN_ID, SKIPPED_TAG, read_parent_id
+
+log = logging.getLogger(__name__)
 
 METRICS = ["test/acc", AUC, "val/acc", "val/auc", THROUGHPUT, MEMORY, "mem/predicted_mb"]
 BEST_EPOCH = ("val/auc", "val/acc")  # read at the epoch the run tested (best_epoch)
@@ -94,6 +98,30 @@ def parent_run(client: mlflow.MlflowClient, run_id: str, selector: str, uri: str
         ) from None
 
 
+def sweep_runs(client: mlflow.MlflowClient, parent: Run) -> list[Run]:
+    """The parent run's children, then the FINISHED runs its ``skipped.<job>`` tags name (a job skipped because its
+    config had finished: a sweep run again, or resumed) that are not among them; one warning counts those named but
+    not found FINISHED (deleted, or the tag damaged)."""
+    experiment_id, run_id = parent.info.experiment_id, parent.info.run_id
+    children = search_all(client, experiment_id, f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{run_id}'")
+    named = {v.rpartition(" -> ")[2] for k, v in parent.data.tags.items() if k.startswith(SKIPPED_TAG)}
+    ids = sorted(named - {r.info.run_id for r in children})
+    quoted = ", ".join(f"'{i}'" for i in ids if RUN_ID.fullmatch(i))  # a damaged tag's value is no run id to quote
+    skipped = (
+        search_all(client, experiment_id, f"attributes.status = 'FINISHED' and attributes.run_id IN ({quoted})")
+        if quoted
+        else []
+    )
+    if len(skipped) < len(ids):
+        log.warning(
+            "%d of the %d runs the skipped jobs of sweep run %s name are not FINISHED runs of its experiment: left out",
+            len(ids) - len(skipped),
+            len(ids),
+            run_id,
+        )
+    return children + skipped
+
+
 def select(cfg: ReportConfig, client: mlflow.MlflowClient, uri: str) -> Selection:
     """The runs of ``sweep``, ``parent`` or ``mlflow.experiment``; ``UsageError`` naming a bad one."""
     if cfg.mlflow.experiment is not None:
@@ -124,14 +152,12 @@ def select(cfg: ReportConfig, client: mlflow.MlflowClient, uri: str) -> Selectio
         parent = parent_run(client, cfg.parent, selector, uri)
         sweep_dir = Path(parent.data.tags.get("sweep_dir", "/nonexistent"))
         out = sweep_dir / "report" if sweep_dir.is_dir() else REPORTS / parent.info.run_id
-    children = search_all(client, parent.info.experiment_id, f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{parent.info.run_id}'")
-    if not children:
+    runs = sweep_runs(client, parent)
+    if not runs:
         raise UsageError(
             f"{selector}: run {parent.info.run_id} has no child runs: give a sweep's parent run (tag role=sweep)"
         )
-    return Selection(
-        f"sweep {parent.data.tags.get('sweep_dir', parent.info.run_id)}", children, parent.info.run_id, out
-    )
+    return Selection(f"sweep {parent.data.tags.get('sweep_dir', parent.info.run_id)}", runs, parent.info.run_id, out)
 
 
 def status(run: Run) -> str:
@@ -154,10 +180,11 @@ def run_metrics(client: mlflow.MlflowClient, run: Run) -> dict[str, float]:
         for key in (*BEST_EPOCH, THROUGHPUT)
     }
     auc = history[BEST_EPOCH[0]]
-    if "best_epoch" in run.data.metrics:  # the epoch the run tested (select_by), its step one less
-        best = int(run.data.metrics["best_epoch"]) - 1
+    tested = run.data.metrics.get("best_epoch", np.nan)  # the epoch the run tested (select_by), its step one less
+    if abs(tested) < FLOAT_MAX:  # NaN or infinite (FLOAT_MAX in a SQL store): as missing
+        best = int(tested) - 1
         metrics.update({key: history[key].get(best, float("nan")) for key in BEST_EPOCH})
-    elif auc:  # a run logged before best_epoch: the first best val/auc, as fit kept it then
+    elif auc:  # a run logged before best_epoch (or a non-finite one): the first best val/auc, as fit kept it then
         best = min(auc, key=lambda step: (-auc[step], step))
         metrics.update({key: history[key].get(best, float("nan")) for key in BEST_EPOCH})
     if THROUGHPUT_MEDIAN in run.data.metrics:

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
-from mlflow.entities import ExperimentTag
+from mlflow.entities import ExperimentTag, LifecycleStage
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 
 from src.errors import UsageError
+from src.folders import writable
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,7 @@ ARTIFACTS_FOLDER = "mlartifacts"  # beside an SQLite store, as `mlflow server` k
 TIMEOUT_S = 5  # for each connection and answer of the store's check
 CONNECT_TIMEOUT_ARG = {"postgresql": "connect_timeout", "mysql": "connect_timeout", "mssql": "timeout"}  # drivers'
 SEARCH_EXPERIMENTS = "/api/2.0/mlflow/experiments/search"  # what the check asks a tracking server
+CORE_TABLES = ("experiments", "runs", "tags", "params", "metrics", "latest_metrics")  # of MLflow's schema
 
 
 def tracking_uri(cfg: Any) -> str:
@@ -40,15 +42,17 @@ def tracking_uri(cfg: Any) -> str:
 
 
 def ensure_store(uri: str) -> mlflow.MlflowClient:
-    """Check the store (:func:`probe`) and open it, creating a fresh SQLite database now (before any job starts)."""
+    """Check the store (:func:`probe`, :func:`probe_tables`) and open it, creating a fresh SQLite database now (before
+    any job starts)."""
     one_line_store_errors()
     probe(uri)
-    try:
-        with exclusive_open(uri):
+    with exclusive_open(uri):  # the tables checked while no other process is creating them
+        probe_tables(uri)
+        try:
             client = mlflow.MlflowClient(uri)
             client.search_experiments(max_results=1)
-    except Exception as err:  # any store failure is the user's URI to fix
-        raise unusable(uri, f"cannot be used ({reason(err)})", "fix or change mlflow.tracking_uri") from None
+        except Exception as err:  # any store failure is the user's URI to fix
+            raise unusable(uri, f"cannot be used ({reason(err)})", "fix or change mlflow.tracking_uri") from None
     return client
 
 
@@ -155,11 +159,32 @@ def probe_sqlite(uri: str, path: Path) -> None:
         raise read_only(uri, path if os.access(path.parent, os.W_OK) else path.parent)
     if "disk is full" in str(error):
         raise unusable(uri, f"has no space left on its disk ({path.parent})", "free space, or set another store")
-    raise unusable(
-        uri,
-        f"is not a usable SQLite database ({path}: {error})",
-        "point mlflow.tracking_uri at an MLflow SQLite database or at a new file",
-    )
+    raise not_sqlite(uri, f"is not a usable SQLite database ({path}: {error})")
+
+
+def probe_tables(uri: str) -> None:
+    """An existing SQLite database holds no table yet, or MLflow's (``alembic_version``, :data:`CORE_TABLES`), read
+    without writing: MLflow would add its tables to another application's database, and fail in tracebacks on a
+    damaged one."""
+    path = sqlite_path(uri)
+    if path is None or not path.exists():
+        return
+    try:
+        database = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)
+        with contextlib.closing(database) as connection:
+            tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.Error as err:
+        raise not_sqlite(uri, f"is not a usable SQLite database ({path}: {err})") from None
+    if not tables:
+        return
+    if "alembic_version" not in tables:
+        raise not_sqlite(uri, f"is not an MLflow store: {path} holds {len(tables)} tables, none alembic_version")
+    if lost := [name for name in CORE_TABLES if name not in tables]:
+        raise not_sqlite(uri, f"is a damaged MLflow store: {path} has no table {', '.join(lost)}")
+
+
+def not_sqlite(uri: str, problem: str) -> UsageError:
+    return unusable(uri, problem, "point mlflow.tracking_uri at an MLflow SQLite database or at a new file")
 
 
 def write_error(path: Path) -> sqlite3.Error | None:
@@ -264,8 +289,9 @@ def experiment_id(client: mlflow.MlflowClient, name: str) -> str:
     """The id of experiment ``name``, tagged ``mlflow.experimentKind=custom_model_development`` (MLflow's UI then
     opens it on its training runs, not its GenAI overview); created if missing, in an SQLite store with its
     artifacts in ``<artifact_root>/<experiment id>``. One that keeps them under the working directory is used as it
-    is, with a warning. Another process creating it at the same moment is no error: its experiment is used."""
-    experiment = client.get_experiment_by_name(name)
+    is, with a warning. Another process creating it at the same moment is no error: its experiment is used. One no
+    run can be created in is refused (:func:`usable_experiment`)."""
+    experiment = usable_experiment(client, name)
     if experiment is None:
         try:
             return create_experiment(client, name)
@@ -277,6 +303,32 @@ def experiment_id(client: mlflow.MlflowClient, name: str) -> str:
     if experiment.tags.get(EXPERIMENT_KIND) != TRAINING:
         client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND, TRAINING)
     return experiment.experiment_id
+
+
+def usable_experiment(client: mlflow.MlflowClient, name: str) -> mlflow.entities.Experiment | None:
+    """Experiment ``name`` (None where missing), a :class:`UsageError` where no run can be created in it: deleted, or
+    its local artifact folder (a new one's: :func:`artifact_root`) not writable: its deepest existing folder is tried,
+    so nothing is created (and removed under a parallel job's feet)."""
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None and experiment.lifecycle_stage == LifecycleStage.DELETED:
+        number, uri = experiment.experiment_id, redacted(client.tracking_uri)
+        store = "<the server's store>" if uri.startswith(("http://", "https://")) else uri
+        raise UsageError(
+            f"mlflow.experiment={name} is deleted (experiment {number} of mlflow.tracking_uri={uri}): restore it "
+            f"(MLFLOW_TRACKING_URI={uri} mlflow experiments restore --experiment-id {number}), give another "
+            f"mlflow.experiment, or delete it for good "
+            f"(mlflow gc --backend-store-uri {store} --experiment-ids {number})"
+        )
+    location = experiment.artifact_location if experiment else artifact_root(client.tracking_uri)
+    if location is not None and (folder := local_folder(location)) is not None:
+        existing = next(path for path in (folder, *folder.parents) if path.exists())
+        shown = folder if existing == folder else f"{folder} ({existing})"
+        writable(
+            existing,
+            f"mlflow.experiment={name}: its artifact folder {shown}",
+            "make it a folder this process can write, or set mlflow.experiment or mlflow.tracking_uri to another",
+        )
+    return experiment
 
 
 def create_experiment(client: mlflow.MlflowClient, name: str) -> str:
@@ -295,11 +347,8 @@ def create_experiment(client: mlflow.MlflowClient, name: str) -> str:
 @functools.cache
 def warn_if_under_cwd(name: str, location: str) -> None:
     """Warn once per experiment and location when the artifacts of ``name`` go under the working directory."""
-    parsed = urllib.parse.urlparse(location)
-    if parsed.scheme not in ("", "file"):
-        return
-    cwd = Path.cwd().resolve()
-    if Path(urllib.parse.unquote(parsed.path)).resolve().is_relative_to(cwd):
+    folder, cwd = local_folder(location), Path.cwd().resolve()
+    if folder is not None and folder.resolve().is_relative_to(cwd):
         log.warning(
             "experiment %s keeps its artifacts in %s, under the working directory %s: run from another folder, "
             "or set mlflow.experiment to a new experiment (its artifacts go beside the store)",
@@ -307,6 +356,12 @@ def warn_if_under_cwd(name: str, location: str) -> None:
             location,
             cwd,
         )
+
+
+def local_folder(location: str) -> Path | None:
+    """The folder an artifact location names on this machine (a path or a ``file://`` URI); None for remote ones."""
+    parsed = urllib.parse.urlparse(location)
+    return Path(urllib.parse.unquote(parsed.path)) if parsed.scheme in ("", "file") else None
 
 
 def store_exists(uri: str) -> bool:
@@ -336,11 +391,12 @@ def finished_run(uri: str, experiment: str, hashed: str, fingerprint: str) -> ml
 
 def finished_runs(uri: str, experiment: str, filter_string: str) -> list[mlflow.entities.Run]:
     """The FINISHED runs of ``experiment`` that match ``filter_string``, latest first (at most 1000, one page); none
-    in a store not created yet, which stays so."""
+    in a store not created yet, which stays so. An experiment no run can be created in is refused
+    (:func:`usable_experiment`): the plan's check, before any run."""
     if not store_exists(uri):
         return []
     client = ensure_store(uri)
-    found = client.get_experiment_by_name(experiment)
+    found = usable_experiment(client, experiment)
     if found is None:
         return []
     return client.search_runs(
@@ -351,8 +407,9 @@ def finished_runs(uri: str, experiment: str, filter_string: str) -> list[mlflow.
 
 
 def best_metric(client: mlflow.MlflowClient, run_id: str, key: str) -> float:
-    """The highest value ``key`` reached in the run (the value itself for a metric logged once)."""
-    return max(metric.value for metric in client.get_metric_history(run_id, key))
+    """The highest value ``key`` reached in the run (the value itself for a metric logged once); NaN where the run
+    has none (a run of older code, a hand-edited store)."""
+    return max((metric.value for metric in client.get_metric_history(run_id, key)), default=float("nan"))
 
 
 def search_all(client: mlflow.MlflowClient, experiment_id: str, filter_string: str = "") -> list[mlflow.entities.Run]:

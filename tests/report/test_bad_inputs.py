@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import mlflow
 import numpy as np
 import pandas as pd
 import pytest
@@ -127,6 +128,18 @@ def test_infinite_nan_and_negative_metrics_are_left_out_of_the_figures(tmp_path)
     assert {path.name for path in out.iterdir()} == set(FILES)
     assert np.isinf(pd.read_csv(out / "runs.csv")["test/auc"]).sum() == 1  # inf as logged, not the store's 1.8e308
     assert "Not drawn: 3 values of pairs (missing, infinite, negative" in (out / "report.md").read_text()
+
+
+def test_a_nan_or_infinite_best_epoch_is_read_as_missing(tmp_path, store):
+    """A damaged ``best_epoch``: ``val/*`` at the first best val/auc, as for a run logged before it."""
+    client = mlflow.MlflowClient(store)
+    experiment_id = client.create_experiment("damaged", artifact_location=str(tmp_path / "artifacts"))
+    epochs = [{"val/auc": auc, "val/acc": acc} for auc, acc in ((0.7, 0.6), (0.9, 0.8), (0.9, 0.5))]
+    for case, best in (("not a number", float("nan")), ("infinite", float("inf")), ("third", 3.0)):
+        log_run(client, experiment_id, {"case": case}, epochs, {"best_epoch": best, "test/auc": 0.8})
+    out = report(report_config("mlflow.experiment=damaged", f"mlflow.tracking_uri={store}", f"out={tmp_path}/r"))
+    read = pd.read_csv(out / "runs.csv").set_index("case")["val/acc"].to_dict()
+    assert read == {"not a number": 0.8, "infinite": 0.8, "third": 0.5}  # the third epoch's, as logged
 
 
 # --- names and paths --------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
-from mlflow.entities import Metric, Param
+from mlflow.entities import Metric, Param, RunTag
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from omegaconf import OmegaConf
 from scipy import stats
@@ -48,7 +48,7 @@ from src.report.analysis import (
 from src.report.runs import METRICS, Selection, report_store
 from src.report.writer import report, write_report
 from src.tracking.store import DEFAULT_TRACKING_URI, ensure_store
-from src.tracking.sweep import PARENT_ID_FILE
+from src.tracking.sweep import PARENT_ID_FILE, SKIPPED_TAG
 from src.training.meters import MIN_TIMED_STEPS as TRAINER_MIN_TIMED_STEPS
 from tests.helpers import ROOT, run_cli, runs
 
@@ -698,6 +698,44 @@ def test_a_missing_store_is_one_error_line_and_exit_2(tmp_path):
     assert not (tmp_path / "none.db").exists()
 
 
+def test_a_sweep_reports_the_finished_runs_its_skipped_jobs_named(tmp_path, store, caplog):
+    """A sweep run again (every job skipped: its config had FINISHED) and a resumed one (some jobs skipped) cover
+    the runs their ``skipped.<job>`` tags name, each once; names that are no FINISHED run are left out."""
+    client = mlflow.MlflowClient(store)
+    experiment_id = client.create_experiment("medsweep", artifact_location=str(tmp_path / "artifacts"))
+
+    def sweep(name: str, skipped: dict[str, str]) -> str:
+        (tmp_path / name).mkdir()
+        tags = {"role": "sweep", "sweep_dir": str(tmp_path / name)}
+        parent = client.create_run(experiment_id, tags=tags).info.run_id
+        client.log_batch(parent, tags=[RunTag(f"{SKIPPED_TAG}{job}", value) for job, value in skipped.items()])
+        (tmp_path / name / PARENT_ID_FILE).write_text(parent)
+        return parent
+
+    def job(parent: str, amp: str, status: str = "FINISHED") -> str:
+        epochs = [{"val/auc": 0.9, "perf/samples_per_s": 10.0, "mem/peak_mb": 100.0}]
+        return log_run(
+            client, experiment_id, {"amp": amp}, epochs, {"test/auc": 0.8}, status, {MLFLOW_PARENT_RUN_ID: parent}
+        )
+
+    first = sweep("first", {})
+    done = [job(first, "True"), job(first, "False")]
+    failed = job(first, "True", "FAILED")
+    again = sweep("again", {str(n): f"seed={n} -> {run}" for n, run in enumerate(done)})
+    out = report(report_config(f"sweep={tmp_path / 'again'}", f"mlflow.tracking_uri={store}"))
+    assert sorted(pd.read_csv(out / "runs.csv")["run_id"]) == sorted(done)
+    assert {a.path for a in client.list_artifacts(again, "report")} == {f"report/{n}" for n in REPORT_FILES}
+
+    resumed = sweep("resumed", {})
+    retrained = job(resumed, "True")
+    named = [done[1], retrained, done[1], failed, "0" * 32, "damaged"]  # itself, twice, not FINISHED, gone, no id
+    client.log_batch(resumed, tags=[RunTag(f"{SKIPPED_TAG}{n}", f"seed=0 -> {r}") for n, r in enumerate(named)])
+    caplog.set_level("WARNING")
+    out = report(report_config(f"parent={resumed}", f"mlflow.tracking_uri={store}"))
+    assert sorted(pd.read_csv(out / "runs.csv")["run_id"]) == sorted([retrained, done[1]])
+    assert f"3 of the 4 runs the skipped jobs of sweep run {resumed} name are not FINISHED runs" in caplog.text
+
+
 # --- a real sweep, reported by a real process -------------------------------------------------------------
 
 
@@ -740,3 +778,16 @@ def test_a_real_sweep_is_reported_with_seeds_aggregated(tmp_path, store):
 
 def read_parent(sweep) -> str:
     return (sweep / PARENT_ID_FILE).read_text().strip()
+
+
+@pytest.mark.slow
+def test_a_sweep_run_again_with_every_job_skipped_is_reported(tmp_path, store):
+    sweep = ("-m", "data=synthetic", "model=resnet10", "batch_size=4", "epochs=1", "limit_batches=2", "num_threads=1")
+    for name in ("first", "again"):
+        result = run_cli(*sweep, "seed=0,1", f"mlflow.tracking_uri={store}", f"hydra.sweep.dir={tmp_path / name}")
+        assert result.returncode == 0, result.stderr[-3000:]
+    trained = {r.info.run_id for r in runs(store) if r.data.tags.get(MLFLOW_PARENT_RUN_ID)}
+    assert len(trained) == 2  # the second sweep trained nothing
+    result = run_cli(f"sweep={tmp_path / 'again'}", module="src.report")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert set(pd.read_csv(tmp_path / "again" / "report" / "runs.csv")["run_id"]) == trained

@@ -5,9 +5,11 @@ the same moment all succeed. Real stores, real servers, real processes."""
 from __future__ import annotations
 
 import http.server
+import math
 import multiprocessing
 import os
 import pwd
+import re
 import sqlite3
 import sys
 import tempfile
@@ -18,16 +20,19 @@ from types import SimpleNamespace
 
 import mlflow
 import pytest
+from mlflow.entities import RunStatus, ViewType
 from mlflow.store.tracking.dbmodels.models import SqlExperiment
 from sqlalchemy import event
 
 from src.errors import UsageError
 from src.tracking.store import (
     DEFAULT_TRACKING_URI,
+    best_metric,
     check_store,
     create_experiment,
     ensure_store,
     experiment_id,
+    finished_run,
     tracking_uri,
 )
 from tests.helpers import free_port, run_cli, run_process, runs, small_run
@@ -231,3 +236,88 @@ def test_mlflows_environment_variable_names_the_store_below_the_config_key(tmp_p
     args = [a for a in small_run(tmp_path, store, shared_data, "epochs=1") if not a.startswith("mlflow.tracking_uri=")]
     assert run_cli(*args).returncode == 0  # a real job, its process started with the variable set
     assert [run.info.status for run in runs(env)] == ["FINISHED"] and runs(store) == []
+
+
+def no_runs(uri: str) -> bool:
+    """Whether the store holds no run at all, deleted ones included."""
+    client = mlflow.MlflowClient(uri)
+    ids = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
+    return client.search_runs(ids, run_view_type=ViewType.ALL) == []
+
+
+def one_error(result) -> str:
+    """The one ``error:`` line a refused command ends with (exit 2, no traceback)."""
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    return errors[0]
+
+
+def test_another_applications_database_is_refused_and_left_as_it_is(tmp_path):
+    path = sqlite_file(tmp_path / "app.db")
+    with sqlite3.connect(path) as database:
+        database.execute("CREATE TABLE runs (x)")  # a name MLflow's tables share
+    before = path.read_bytes()
+    for check in (ensure_store, check_store):
+        with pytest.raises(UsageError, match=f"is not an MLflow store: {path} holds 2 tables, none alembic_version"):
+            check(f"sqlite:///{path}")
+    assert path.read_bytes() == before and sorted(tmp_path.iterdir()) == [path]
+
+
+def test_a_damaged_mlflow_store_is_refused_and_an_empty_file_is_used(tmp_path, store):
+    path = Path(store.removeprefix("sqlite:///"))
+    with sqlite3.connect(path) as database:
+        database.execute("DROP TABLE runs")
+    assert f"is a damaged MLflow store: {path} has no table runs: point" in refusal(store)
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    ensure_store(f"sqlite:///{empty}").search_experiments()  # no table yet: MLflow creates its own
+
+
+def test_a_deleted_experiment_is_refused_before_any_run(store):
+    client = ensure_store(store)
+    client.delete_experiment(experiment_id(client, "medsweep"))
+    for check in (lambda: experiment_id(client, "medsweep"), lambda: finished_run(store, "medsweep", "h", "f")):
+        with pytest.raises(UsageError) as refused:
+            check()
+        message = str(refused.value)
+        assert message.startswith(f"mlflow.experiment=medsweep is deleted (experiment 1 of mlflow.tracking_uri={store}")
+        assert f"MLFLOW_TRACKING_URI={store} mlflow experiments restore --experiment-id 1" in message
+        assert f"mlflow gc --backend-store-uri {store} --experiment-ids 1" in message
+
+
+def test_a_sweep_into_a_deleted_experiment_is_one_error_line_and_no_run(tmp_path, store, shared_data):
+    client = ensure_store(store)
+    client.delete_experiment(experiment_id(client, "medsweep"))
+    result = run_cli("-m", *small_run(tmp_path, store, shared_data, "seed=3,4"))
+    assert "mlflow.experiment=medsweep is deleted" in one_error(result)
+    assert no_runs(store)
+
+
+def test_an_artifact_folder_that_cannot_be_made_is_refused_creating_nothing(tmp_path, store):
+    client = ensure_store(store)
+    experiment_id(client, "medsweep")
+    assert sorted(tmp_path.iterdir()) == [tmp_path / "mlflow.db"]  # the check made and left no folder
+    artifacts = tmp_path / "mlartifacts"
+    artifacts.write_text("x")
+    for name, shown in (("medsweep", f"{artifacts / '1'} ({artifacts})"), ("new", f"{artifacts}")):
+        with pytest.raises(UsageError, match=re.escape(f"={name}: its artifact folder {shown} cannot be written")):
+            experiment_id(client, name)
+    assert client.get_experiment_by_name("new") is None
+
+
+def test_a_run_into_an_unwritable_artifact_folder_is_one_error_line_and_no_run(tmp_path, store, shared_data):
+    experiment_id(ensure_store(store), "medsweep")
+    (tmp_path / "mlartifacts").write_text("x")
+    result = run_cli(*small_run(tmp_path, store, shared_data, "skip_finished=false"))  # refused at run creation
+    assert f"its artifact folder {tmp_path / 'mlartifacts' / '1'} (" in one_error(result)
+    assert no_runs(store)
+
+
+def test_the_best_value_of_a_run_without_the_metric_is_nan(store):
+    client = ensure_store(store)
+    run = client.create_run(experiment_id(client, "medsweep")).info.run_id
+    client.set_terminated(run, RunStatus.to_string(RunStatus.FINISHED))
+    assert math.isnan(best_metric(client, run, "val/auc"))
+    for step, value in enumerate((0.5, 0.7, 0.6)):
+        client.log_metric(run, "val/auc", value, step=step)
+    assert best_metric(client, run, "val/auc") == 0.7

@@ -19,7 +19,10 @@ import hydra
 from hydra._internal.utils import get_args_parser
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep
 from hydra.errors import ConfigCompositionException, HydraException, OverrideParseException
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue, OmegaConfBaseException
 
@@ -47,6 +50,7 @@ def command(
         @functools.wraps(fn)
         def main(cfg: DictConfig) -> Any:
             try:
+                check_sweeps_with_m(HydraConfig.get())
                 check_known_keys(cfg, HydraConfig.get().overrides.task)
                 check_values(cfg)
                 return fn(cfg)
@@ -56,6 +60,16 @@ def command(
         return reporting_composition_errors(main, sweeps)
 
     return decorate
+
+
+def check_sweeps_with_m(hydra_cfg: DictConfig) -> None:
+    """A :class:`UsageError` for a sweep's keys (a preset's, ``hydra.sweeper.params``) in a command without ``-m``,
+    which Hydra would run once."""
+    swept = OmegaConf.select(hydra_cfg, "sweeper.params") or {}
+    if hydra_cfg.mode == RunMode.RUN and swept:
+        raise UsageError(
+            f"{', '.join(swept)}: swept by hydra.sweeper.params (a preset's), which runs one job without -m: add -m"
+        )
 
 
 def check_values(cfg: DictConfig) -> None:
@@ -166,8 +180,15 @@ def check_group_choices(overrides: list[str]) -> None:
     with a traceback."""
     for override in overrides:
         group, _, value = override.partition("=")
-        if (options := group_options(group)) and (value.lower() in ("null", "true", "false") or number(value)):
+        if not (options := group_options(group)):
+            continue
+        if value.lower() in ("null", "true", "false") or number(value):
             raise UsageError(f"{override} is not an option of {group}: use one of {', '.join(options)}")
+        if listed(override) and not merging(group):
+            raise UsageError(
+                f"{override}: {group} takes one option, and a list of them merges them into one (the last one's "
+                f"values win): give one, or sweep them: -m {group}=<option>,<option>"
+            )
 
 
 def group_options(group: str) -> list[str]:
@@ -177,6 +198,21 @@ def group_options(group: str) -> list[str]:
     files = [path.name for path in (Path(CONF_DIR) / group).glob("*.yaml")] if group else []
     named = files + (list(stored) if isinstance(stored, dict) else [])
     return sorted({name.removesuffix(".yaml") for name in named})
+
+
+def listed(override: str) -> bool:
+    """Whether ``override`` gives a list, or sweeps one (``model=[a,b]``, ``-m model=[a,b],c``)."""
+    try:
+        value = OverridesParser.create().parse_override(override).value()
+    except OverrideParseException:  # Hydra's composition reports it
+        return False
+    return any(isinstance(element, list) for element in (value.list if isinstance(value, ChoiceSweep) else [value]))
+
+
+def merging(group: str) -> bool:
+    """Whether ``group``'s options are global configs (presets, experiments), which a list merges."""
+    files = list((Path(CONF_DIR) / group).glob("*.yaml"))
+    return bool(files) and all(path.read_text().startswith("# @package _global_") for path in files)
 
 
 def number(text: str) -> bool:

@@ -367,8 +367,8 @@ class ParallelConfig:
     timeout_s: int = 600  # a collective waiting longer than this fails the job
 
     def __post_init__(self) -> None:
-        within("parallel.nproc", self.nproc, 1, null=True)
-        within("parallel.timeout_s", self.timeout_s, 1)
+        within("parallel.nproc", self.nproc, 1, COUNT_MAX, "[]", null=True)
+        within("parallel.timeout_s", self.timeout_s, 1, COUNT_MAX, "[]")  # timedelta holds up to ~8.6e13 s
 
 
 @dataclass
@@ -576,6 +576,8 @@ RESERVED_TAGS = frozenset(  # the undotted tag keys medsweep writes itself (its 
         "torch_version",
         "cuda_version",
         "host",
+        "boot_id",
+        "pid",
         "device",
         "num_threads",
         "status",

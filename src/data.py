@@ -10,6 +10,7 @@ import logging
 import shutil
 import urllib.request
 import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,6 +192,8 @@ def check_file(cfg: DataConfig) -> bool:
     if cfg.name == NIFTI:
         return volumes.check(cfg)
     path = npz_path(cfg)
+    if path.exists() and not path.is_file():  # a FIFO would block the read for ever
+        raise UsageError(f"{path} is not a file: {replace_fix(path)}")
     if cfg.name == SYNTHETIC:
         if path.exists():
             check_arrays(cfg, path)
@@ -251,7 +254,7 @@ def read_npz(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     try:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {s: (npz[f"{s}_images"], npz[f"{s}_labels"]) for s in SPLITS}
-    except (KeyError, ValueError, OSError, zipfile.BadZipFile) as err:
+    except (KeyError, ValueError, OSError, EOFError, zlib.error, zipfile.BadZipFile) as err:  # EOFError: empty
         raise UsageError(f"{path} is not a MedMNIST .npz ({err}): {replace_fix(path)}") from None
     for split, (images, labels) in arrays.items():
         problem = format_problem(images, labels)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import fnmatch
 import itertools
 import logging
 import os
@@ -18,6 +19,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from src.atomic import is_temporary
 from src.errors import UsageError, exit_with
 from src.parallel.machine_share import outside_sweep
 
@@ -26,6 +28,11 @@ log = logging.getLogger(__name__)
 LOCK_FILE = ".medsweep.lock"  # holds the pid of the process holding it
 CACHE_ENV = "MEDSWEEP_CACHE_DIR"  # the folder of the start-up probes' cache and of data=nifti's cached volumes
 UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)  # file systems without flock (some Lustre mounts)
+CHECKPOINT_FILE = "checkpoint.pt"  # a run's checkpoint, in its folder
+BEST_FILE = "best.pt"  # its tested weights
+METRICS_FILE = "metrics.json"  # its final metrics
+EVAL_DIR = "eval"  # its test predictions and confusion matrix
+RUN_FILES = (".hydra", EVAL_DIR, CHECKPOINT_FILE, BEST_FILE, METRICS_FILE, LOCK_FILE, "*.log", "oom_rank*.json")
 
 
 CLAIMED: dict[Path, list[Path]] = {}  # each folder fresh() created in this process: the folders it made, deepest first
@@ -107,6 +114,21 @@ def check_no_chdir(config: DictConfig) -> None:
         )
 
 
+def check_own_folder(folder: Path, what: str) -> None:
+    """A :class:`UsageError` where ``folder`` holds entries no run writes (:data:`RUN_FILES`): a run logs its folder
+    to MLflow, and a project's or a home folder would go with it."""
+    names = sorted(
+        path.name
+        for path in (folder.iterdir() if folder.is_dir() else ())
+        if not (is_temporary(path) or any(fnmatch.fnmatch(path.name, name) for name in RUN_FILES))
+    )
+    if names:
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        raise UsageError(
+            f"{what} holds files no run writes ({shown}), and a run logs its folder to MLflow: give an empty folder"
+        )
+
+
 class RunFolder(Callback):
     """Hydra callback: a run's folder (``hydra.run.dir``) it cannot write is one ``error:`` line before Hydra makes
     it (a sweep's folder: :class:`src.jobs.sweep.Sweep`)."""
@@ -115,7 +137,9 @@ class RunFolder(Callback):
         outside_sweep()
         try:
             check_no_chdir(config)
-            writable(Path(config.hydra.run.dir), f"hydra.run.dir={config.hydra.run.dir}")
+            folder, what = Path(config.hydra.run.dir), f"hydra.run.dir={config.hydra.run.dir}"
+            check_own_folder(folder, what if config.hydra.run.dir else f"{what} (the working directory)")
+            writable(folder, what)
         except UsageError as err:
             exit_with(err)
 

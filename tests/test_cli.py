@@ -52,6 +52,28 @@ def test_what_hydra_refuses_is_one_usage_error(argv, message):
     assert str(refused.value).endswith("(the overrides are key=value; --help lists the flags)")
 
 
+@pytest.mark.parametrize("argv", [["model=[resnet10,resnet18]"], ["-m", "model=[resnet10,resnet18],resnet34"]])
+def test_a_list_of_a_groups_options_is_refused(argv):
+    """Hydra merges a list of a group's options into one config, the last one's values winning."""
+    with pytest.raises(UsageError, match=r"model takes one option, and a list of them merges them into one"):
+        hydra_arguments(argv)
+
+
+@pytest.mark.parametrize("argv", [["-m", "preset=[seeds,models]"], ["-m", "model=glob(resnet1*)"], ["aug=standard"]])
+def test_presets_merge_as_a_list_and_a_glob_sweeps_options(argv):
+    assert hydra_arguments(argv) == argv
+
+
+def test_the_sweepers_params_added_on_the_command_line_are_swept(tmp_path, store, shared_data):
+    """``+hydra.sweeper.params={...}`` sweeps as a preset's do: job 1 is ``optim.lr=-1``, refused before any run."""
+    result = run_cli("-m", *small_run(tmp_path, store, shared_data), '+hydra.sweeper.params={optim.lr:"0.001,-1"}')
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.splitlines() == [
+        "error: job 1 (optim.lr=-1): optim.lr=-1.0 must be >= 0 (0 freezes the weights)"
+    ]
+    assert runs(store) == []
+
+
 @pytest.mark.parametrize("module", ["src.train", "src.report"])
 def test_an_unknown_flag_is_one_error_line(module):
     result = run_cli("--epochs=3", module=module)

@@ -18,7 +18,7 @@ from medmnist import INFO
 
 import src.data
 from src.config import DataConfig, Loader
-from src.data import check_file, load_splits, make_loader, npz_path
+from src.data import ARRAYS_CHECKED, check_file, load_splits, make_loader, npz_path
 from src.errors import UsageError
 
 REDOWNLOAD = "delete it and rerun with data.download=true"
@@ -231,6 +231,32 @@ def test_corrupt_synthetic_file_is_told_to_delete_it(tmp_path):
     npz_path(cfg).write_bytes(b"not a zip")
     message = refusal(load_splits, cfg)
     assert message.startswith(f"{npz_path(cfg)} is not a MedMNIST .npz (") and message.endswith(f"): {REGENERATE}")
+
+
+def flipped_stream(path: Path) -> None:
+    """64 bytes of the file's first compressed member overwritten: its zip headers stay, its deflate stream breaks."""
+    data = bytearray(path.read_bytes())
+    data[100:164] = b"\xff" * 64
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", [flipped_stream, lambda path: path.write_bytes(b"")], ids=["stream", "empty"])
+def test_a_damaged_or_empty_file_is_told_to_delete_it(tmp_path, damage):
+    """A broken deflate stream raised zlib.error, an empty file EOFError: tracebacks."""
+    cfg = synthetic(tmp_path)
+    load_splits(cfg)
+    damage(npz_path(cfg))
+    ARRAYS_CHECKED.clear()  # what this process checked of the file before it changed in the same second
+    message = refusal(load_splits, cfg)
+    assert message.startswith(f"{npz_path(cfg)} is not a MedMNIST .npz (") and message.endswith(f"): {REGENERATE}")
+
+
+def test_a_fifo_in_place_of_the_file_is_refused_not_read(tmp_path):
+    """Reading a FIFO blocks until a writer comes: the command hung, deaf to SIGTERM."""
+    cfg = synthetic(tmp_path)
+    npz_path(cfg).parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(npz_path(cfg))
+    assert refusal(check_file, cfg) == f"{npz_path(cfg)} is not a file: {REGENERATE}"
 
 
 def test_medmnist_keys_that_do_not_fit_the_dataset_name_its_values(shared_data):

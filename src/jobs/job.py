@@ -169,6 +169,6 @@ def in_sweep(cfg: DictConfig, run: Callable[[], float], preemption: Preemption) 
         with contextlib.suppress(Exception):
             fail_parent_run(cfg)
         return math.nan
-    if preemption.requested:  # the signal came after this job's training: it finished, no other job starts
-        write_stop(sweep_dir, signalled(preemption.signum))
+    if preemption.requested and preemption.signum != requeue_signal():  # came after this job's training: no other
+        write_stop(sweep_dir, signalled(preemption.signum))  # job starts; submitit's timeout signal ends this job only
     return result

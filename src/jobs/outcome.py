@@ -102,9 +102,16 @@ def failed(run: RunLogger, cfg: Config, plan: Plan, error: BaseException) -> boo
     except STORE_ERRORS as broken:
         raise UsageError(
             f"the MLflow store {plan.tracking_uri} failed ({store_failure(broken)}) with run {run.run_id}, which may "
-            f"stay RUNNING; its last checkpoint is kept: fix the store, then resume it: python -m src.train "
-            f"resume={run.run_id} (or the same command again)"
+            f"stay RUNNING; {go_on(run, plan.output_dir, 'fix the store', ' (or the same command again)')}"
         ) from None
+
+
+def go_on(run: RunLogger, output_dir: Path, fix: str, also: str = "") -> str:
+    """How a run that failed for ``fix``'s want goes on: resumed from its checkpoint, or trained anew where it wrote
+    none yet."""
+    if (output_dir / checkpoint.FILE).is_file():
+        return f"its last checkpoint is kept: {fix}, then resume it: python -m src.train resume={run.run_id}{also}"
+    return f"it wrote no checkpoint yet: {fix}, then run the same command again (a new run trains it)"
 
 
 def store_failure(error: BaseException) -> str:
@@ -128,10 +135,7 @@ def closed_failed(run: RunLogger, cfg: Config, plan: Plan, error: BaseException)
     if isinstance(error, NoSpace):
         run.set_tags({"status": "no_space", "resume_with": f"resume={run.run_id}"})
         run.finish("FAILED")
-        raise UsageError(
-            f"{error}: run {run.run_id} FAILED, its last checkpoint kept: free space, then resume it: "
-            f"python -m src.train resume={run.run_id}"
-        ) from None
+        raise UsageError(f"{error}: run {run.run_id} FAILED; {go_on(run, plan.output_dir, 'free space')}") from None
     if isinstance(error, Diverged):
         run.set_tags({"status": "diverged"})
         run.finish("FAILED")

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from src.data import class_names, npz_path, to_input
+from src.folders import EVAL_DIR, METRICS_FILE
 from src.jobs import resume
-from src.parallel.launch import METRICS_FILE
 from src.parallel.mps import run_tags
 from src.perf.flop_cache import counted_flops
 from src.perf.memory_cache import predicted_memory_metrics
@@ -129,7 +129,7 @@ class MainReporter(Reporter):
     def finished(self, trainer: Trainer, final: dict[str, float]) -> None:
         cfg, folder = self.job.cfg, self.job.output_dir
         names = class_names(cfg.data)
-        write_eval_artifacts(*trainer.test_predictions, cfg.data.task, names, folder / "eval")
+        write_eval_artifacts(*trainer.test_predictions, cfg.data.task, names, folder / EVAL_DIR)
         checkpoint.save_weights(trainer.best_state, folder / checkpoint.BEST_FILE)
         (folder / METRICS_FILE).write_text(json.dumps(final, indent=2))
         self.tag_speed_basis(trainer, final)

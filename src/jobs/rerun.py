@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 import mlflow
+import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
@@ -55,14 +56,15 @@ def logged_config(uri: str, run_id: str) -> tuple[DictConfig, mlflow.entities.Ru
             raise UsageError(
                 f"rerun={run_id} has no {CONFIG_ARTIFACT} artifact (only finished runs log it): rerun a FINISHED run"
             ) from None
-        logged = OmegaConf.load(Path(path))
-    try:
-        return OmegaConf.merge(OmegaConf.structured(Config), logged), run
-    except OmegaConfBaseException as err:
-        raise UsageError(
-            f"rerun={run_id}: its logged config does not fit today's schema "
-            f"({str(err).splitlines()[0]}): check out the run's git_commit tag to rerun it"
-        ) from None
+        try:
+            logged = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(Path(path)))
+            OmegaConf.to_object(logged)
+        except (OmegaConfBaseException, ValueError, yaml.YAMLError) as err:  # YAMLError: a damaged artifact
+            raise UsageError(
+                f"rerun={run_id}: its logged config does not fit today's schema "
+                f"({str(err).strip().splitlines()[0]}): check out the run's git_commit tag to rerun it"
+            ) from None
+    return logged, run
 
 
 def rerun_config(cfg: DictConfig, overrides: list[str], uri: str) -> tuple[DictConfig, str]:

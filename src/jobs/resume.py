@@ -8,6 +8,7 @@ the command line may change only keys that do not change results (``mlflow.*``, 
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,13 +17,14 @@ from typing import Any
 import mlflow
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from src.config import Config
 from src.errors import UsageError
 from src.folders import in_use
 from src.jobs.rerun import changed_keys, with_command_line
 from src.tracking.identity import NOT_HASHED, code_fingerprint, flatten
-from src.tracking.runs import RunLogger
+from src.tracking.runs import RunLogger, close_orphan, process_tags
 from src.tracking.store import find_run, redacted
 from src.tracking.sweep import job_parent_id
 from src.training import checkpoint
@@ -80,7 +82,17 @@ def result_changes(stored: DictConfig, cfg: DictConfig) -> list[str]:
 
 
 def stored_config(state: dict[str, Any]) -> DictConfig:
-    return OmegaConf.merge(OmegaConf.structured(Config), state["config"])
+    """The config a checkpoint (``state``) was written with, typed by today's schema; a :class:`UsageError` saying
+    why where it no longer fits (a key removed since, a value out of today's range)."""
+    try:
+        stored = OmegaConf.merge(OmegaConf.structured(Config), state["config"])
+        OmegaConf.to_object(stored)
+    except (OmegaConfBaseException, ValueError) as err:
+        raise UsageError(
+            f"was checkpointed with a config that does not fit today's schema ({str(err).strip().splitlines()[0]}): "
+            "check out its git_commit tag to resume it"
+        ) from None
+    return stored
 
 
 def checkpoint_folder(value: str, uri: str) -> Path:
@@ -120,18 +132,18 @@ def explicit(cfg: DictConfig, overrides: list[str], uri: str) -> tuple[DictConfi
         resume = Resume.from_state(state, folder)
     except checkpoint.Unreadable as err:
         raise UsageError(f"resume={value}: {err}: the run cannot go on from it; start a new run") from None
-    status = run_status(uri, state["run_id"])
-    if status is None:
-        raise UsageError(
-            f"resume={value}: run {state['run_id']} of {folder / checkpoint.FILE} is not in "
-            f"{redacted(uri)}: set mlflow.tracking_uri to the store it logged to"
-        )
-    if status == "FINISHED":
+    if why := not_in_store(uri, state["run_id"]):
+        raise UsageError(f"resume={value}: run {state['run_id']} of {folder / checkpoint.FILE} {why}")
+    if run_status(uri, state["run_id"]) == "FINISHED":
         raise UsageError(
             f"resume={value}: run {state['run_id']} is already FINISHED, there is nothing to resume: "
             f"rerun={state['run_id']} trains its config again"
         )
-    stored, rebuilt = stored_config(state), with_command_line(stored_config(state), cfg, changed_keys(overrides))
+    try:
+        stored = stored_config(state)
+    except UsageError as err:
+        raise UsageError(f"resume={value}: run {state['run_id']} {err}") from None
+    rebuilt = with_command_line(copy.deepcopy(stored), cfg, changed_keys(overrides))
     changes = result_changes(stored, rebuilt)
     if changes:
         raise UsageError(
@@ -154,15 +166,19 @@ def requeued(cfg: DictConfig, output_dir: Path, uri: str) -> Resume | None:
     except checkpoint.Unreadable as err:
         log.warning("%s: a run this job trains replaces it", err)
         return None
-    status = run_status(uri, state["run_id"])
-    changes = result_changes(stored_config(state), cfg)
-    if status in (None, "FINISHED") or changes:
-        why = (
-            f"run {state['run_id']} is {status or 'not in this store'}"
-            if not changes
-            else f"it was trained with {', '.join(changes[:3])}"
+    try:
+        why = not_in_store(uri, state["run_id"])
+        if why is None and (changes := result_changes(stored_config(state), cfg)):
+            why = f"was trained with {', '.join(changes[:3])}: resume it alone (resume={output_dir})"
+    except UsageError as err:
+        why = str(err)
+    if why:
+        raise UsageError(
+            f"{path} holds the checkpoint of run {resume.run_id}, which a new run in this folder would overwrite; the "
+            f"run {why}, or give this job another folder (hydra.run.dir, or hydra.sweep.dir with -m)"
         )
-        log.warning("%s holds a checkpoint this job does not resume (%s): a run this job trains replaces it", path, why)
+    if run_status(uri, resume.run_id) == "FINISHED":
+        log.warning("%s holds the checkpoint of FINISHED run %s: a new run replaces it", path, resume.run_id)
         return None
     log.info(
         "resuming run %s from %s (epoch %d step %d): this job's folder holds its checkpoint (requeued job)",
@@ -196,6 +212,8 @@ def resumable(client: mlflow.MlflowClient, cfg: Config, hashed: str) -> tuple[Re
                 "run %s of this config is training now (%s is in use): this job trains nothing", run.info.run_id, folder
             )
             return None, run.info.run_id
+        if close_orphan(client, run, folder):
+            log.warning("run %s of this config was RUNNING, its process gone: closed KILLED", run.info.run_id)
         if not (folder / checkpoint.FILE).is_file():
             continue
         try:
@@ -228,16 +246,17 @@ def resumable(client: mlflow.MlflowClient, cfg: Config, hashed: str) -> tuple[Re
 def earlier_twin(client: mlflow.MlflowClient, cfg: Config, run_id: str) -> str | None:
     """A run of this new run's config started before it (ties: the smaller id) that a live process trains, or that
     FINISHED as ``skip_finished`` would skip: two commands planned the config at once, each finding no run of it. The
-    later run goes; the earlier one's id."""
+    later run goes; the earlier one's id. A run that had this run's folder is no twin: this process holds it."""
     mine = client.get_run(run_id)
     hashed, fingerprint = mine.data.tags["config_hash"], mine.data.tags["code_fingerprint"]
     for other in client.search_runs([mine.info.experiment_id], f"tags.config_hash = '{hashed}'"):
         if (other.info.start_time, other.info.run_id) >= (mine.info.start_time, run_id):
             continue
+        folder = other.data.tags.get("output_dir")
         if other.info.status == "FINISHED":
             if cfg.skip_finished == "config" or other.data.tags.get("code_fingerprint") == fingerprint:
                 return other.info.run_id
-        elif other.data.tags.get("output_dir") and in_use(Path(other.data.tags["output_dir"])):
+        elif folder and folder != mine.data.tags["output_dir"] and in_use(Path(folder)):
             return other.info.run_id
     return None
 
@@ -250,6 +269,17 @@ def not_resumed(run: mlflow.entities.Run, resume: Resume) -> str | None:
         return f"it ended status={status}, and would again"
     if (logged := run.data.tags.get("code_fingerprint")) != code_fingerprint():
         return f"other code trained it ({logged} -> {code_fingerprint()}); resume={run.info.run_id} goes on anyway"
+    return None
+
+
+def not_in_store(uri: str, run_id: str) -> str | None:
+    """Why a checkpoint's run cannot go on in the store at ``uri`` (not there, or deleted), with the fix; None where
+    it can."""
+    run = find_run(uri, run_id)
+    if run is None:
+        return f"is not in {redacted(uri)}: set mlflow.tracking_uri to the store it logged to"
+    if run.info.lifecycle_stage == "deleted":
+        return f"is deleted in {redacted(uri)}: restore it (mlflow runs restore --run-id {run_id})"
     return None
 
 
@@ -272,6 +302,7 @@ def reopen(client: mlflow.MlflowClient, resume: Resume) -> RunLogger:
             "preempted": "false",
             "resumes": str(int(tags.get("resumes", "0")) + 1),
             "resumed_at": f"epoch {resume.epoch + 1} step {resume.step}",
+            **process_tags(),
             **parent,
         }
     )

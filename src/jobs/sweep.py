@@ -28,8 +28,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from src.cli import one_line
 from src.errors import UsageError, exit_with
-from src.folders import check_no_chdir, writable
-from src.jobs.sweep_checks import checked_jobs
+from src.folders import check_no_chdir, check_own_folder, writable
+from src.jobs.sweep_checks import SweepJob, checked_jobs
 from src.parallel.preemption import exit_code
 from src.tracking.identity import run_name
 
@@ -82,6 +82,27 @@ def failure(num: int, hydra_cfg: DictConfig, error: BaseException) -> Stop:
     return Stop(f"job {num} failed", 1, f"job {num} ({name}) failed: {type(error).__name__}: {error} (log: {where})")
 
 
+def check_job_folders(sweep_dir: Path, jobs: list[SweepJob]) -> None:
+    """Each job's folder (``hydra.sweep.subdir`` in the sweep's) writable, holding only what a run writes, and apart
+    from the sweep's and every other job's: neither the same folder nor one inside the other."""
+    fix = "give each job a folder of its own in the sweep's (hydra.sweep.subdir, default ${hydra.job.num})"
+    sweep, folders = sweep_dir.resolve(), {}
+    for job in jobs:
+        folder = Path(job.hydra.runtime.output_dir)
+        what = f"hydra.sweep.subdir={job.hydra.sweep.subdir} (job {job.num}'s folder {folder})"
+        if sweep.is_relative_to(folder):
+            raise UsageError(f"{what} is or holds the sweep's folder {sweep}: {fix}")
+        if folder in folders:
+            raise UsageError(f"{what} is {folders[folder]}: {fix}")
+        writable(folder, what)
+        check_own_folder(folder, what)
+        folders[folder] = f"job {job.num}'s folder"
+    ordered = sorted(folders, key=lambda folder: str(folder).rstrip("/") + "/")  # a folder just before those inside
+    for outer, inner in zip(ordered, ordered[1:], strict=False):
+        if inner.is_relative_to(outer):
+            raise UsageError(f"{folders[outer]} {outer} holds {folders[inner]} {inner}: {fix}")
+
+
 class Sweep(Callback):
     """Hydra callback of a sweep's main process; see the module's docstring."""
 
@@ -96,9 +117,7 @@ class Sweep(Callback):
             check_no_chdir(config)
             jobs = checked_jobs(config)
             writable(sweep_dir, f"hydra.sweep.dir={sweep_dir}")
-            for job in jobs:
-                folder = job.hydra.runtime.output_dir
-                writable(Path(folder), f"hydra.sweep.subdir={job.hydra.sweep.subdir} (job {job.num}'s folder {folder})")
+            check_job_folders(sweep_dir, jobs)
             from src.jobs.sweep_main import open_sweep  # MLflow, the plans: once every job's config passed its checks
 
             self.main = open_sweep(config, jobs)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -136,4 +137,16 @@ def checked_jobs(config: DictConfig) -> list[SweepJob]:
             check_known_keys(task, overrides)
             check_values(task)
         jobs.append(SweepJob(num, name, overrides, task, composed.hydra))
+    check_workers(config, handed_at_once(config, jobs))
     return jobs
+
+
+def check_workers(config: DictConfig, handed: int) -> None:
+    """joblib's ``n_jobs`` at most the jobs it is handed at once or this machine's CPUs: it starts that many worker
+    processes (a typo's 1000 took the machine)."""
+    n_jobs, cpus = OmegaConf.select(config, "hydra.launcher.n_jobs", default=None), os.cpu_count() or 1
+    if isinstance(n_jobs, int) and n_jobs > max(handed, cpus):
+        raise UsageError(
+            f"hydra.launcher.n_jobs={n_jobs} worker processes for {handed} jobs at a time on {cpus} CPUs: give at most "
+            f"{max(handed, cpus)} (-1: one per CPU)"
+        )

@@ -18,6 +18,7 @@ from src.errors import UsageError
 from src.resolve import ddp_backend
 
 HOST = "127.0.0.1"  # spawned ranks share this machine
+PORT_MAX = 65535
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,13 @@ def external_rank() -> Rank | None:
     rank, world = env_count("RANK", 0), env_count("WORLD_SIZE", 1)
     if rank >= world:
         raise UsageError(f"RANK={rank} in the environment must be below WORLD_SIZE={world}: unset both for one process")
+    if world > 1 and (missing := [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name)]):
+        raise UsageError(
+            f"RANK={rank} and WORLD_SIZE={world} in the environment without {' and '.join(missing)}, where the ranks "
+            "meet (torchrun and submitit set them all): set them, or unset RANK and WORLD_SIZE for one process"
+        )
+    if world > 1 and (port := env_count("MASTER_PORT", 1)) > PORT_MAX:
+        raise UsageError(f"MASTER_PORT={port} in the environment is no TCP port: give one <= {PORT_MAX}")
     return Rank(rank, world, env_count("LOCAL_RANK", 0) or 0)
 
 

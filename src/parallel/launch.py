@@ -16,11 +16,10 @@ import torch.multiprocessing as mp
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from src.folders import METRICS_FILE
 from src.parallel import dist
 from src.parallel.machine_share import gpu_jobs, jobs_at_once, sharing_gpu
 from src.parallel.preemption import Preempted, Preemption, signals_blocked
-
-METRICS_FILE = "metrics.json"  # rank 0's final metrics, in the job's output folder
 
 
 @contextlib.contextmanager

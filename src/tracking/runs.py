@@ -8,12 +8,15 @@ import time
 from pathlib import Path
 
 import mlflow
+import psutil
 from mlflow.entities import Dataset, DatasetInput, Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
+from src.folders import in_use
 from src.tracking.store import PROJECT_ROOT, experiment_id
 
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")  # Linux's, new at each boot
 BATCH_LIMIT = 100  # MLflow's log_batch cap on params and tags per call
 UNIQUE_VIOLATIONS = ("UNIQUE constraint failed", "duplicate key value", "Duplicate entry")  # SQLite, Postgres, MySQL
 
@@ -34,7 +37,7 @@ def environment_tags() -> dict[str, str]:
         "git_commit": commit,
         "torch_version": torch.__version__,
         "cuda_version": str(torch.version.cuda),
-        "host": host(),
+        **process_tags(),
     }
 
 
@@ -46,6 +49,45 @@ def user_tags(tags) -> dict[str, str]:
 def host() -> str:
     """This machine's name, as runs are tagged ``host``."""
     return platform.node()
+
+
+def process_tags() -> dict[str, str]:
+    """The process that holds a run open: its machine (``host``, ``boot_id``) and ``pid`` with its start time."""
+    this = psutil.Process()
+    return {"host": host(), "boot_id": boot_id(), "pid": f"{this.pid}@{this.create_time():.2f}"}
+
+
+def boot_id() -> str:
+    try:
+        return BOOT_ID.read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def process_gone(tags: dict[str, str]) -> bool:
+    """Whether the process that :func:`process_tags` named ended: it ran on this machine since its boot, and no
+    process has its pid and start time. False where that cannot be told (another machine, no tags)."""
+    pid, _, started = tags.get("pid", "").partition("@")
+    here = boot_id()
+    if tags.get("host") != host() or here == "unknown" or tags.get("boot_id") != here or not pid.isdigit():
+        return False
+    try:
+        return abs(psutil.Process(int(pid)).create_time() - float(started)) > 1
+    except psutil.NoSuchProcess:
+        return True
+    except (psutil.Error, ValueError):
+        return False
+
+
+def close_orphan(client: mlflow.MlflowClient, run: mlflow.entities.Run, folder: Path | None) -> bool:
+    """Close ``run`` KILLED, tagged ``status=process_gone``, where it is RUNNING but its process ended without closing
+    it (SIGKILL, the out-of-memory killer, a power cut) and no process holds its ``folder`` (None: this process holds
+    it); whether it did."""
+    if run.info.status != "RUNNING" or not process_gone(run.data.tags) or (folder and in_use(folder)):
+        return False
+    client.set_tag(run.info.run_id, "status", "process_gone")
+    client.set_terminated(run.info.run_id, "KILLED")
+    return True
 
 
 class RunLogger:

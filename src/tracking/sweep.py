@@ -15,7 +15,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from omegaconf import DictConfig
 
 from src.tracking.identity import code_fingerprint, run_name
-from src.tracking.runs import RunLogger, environment_tags, user_tags
+from src.tracking.runs import RunLogger, close_orphan, environment_tags, user_tags
 from src.tracking.store import search_all, tracking_uri
 from src.tracking.ui import log_links
 
@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 PARENT_ID_FILE = "mlflow_parent_run_id"
 RUN_ID = re.compile(r"[0-9a-f]{32}")  # what MLflow's stores name a run by (a UUID's hex)
+RUNNING_SWEEPS = "tags.role = 'sweep' and attributes.status = 'RUNNING'"  # parent runs not closed
 SKIPPED_TAG = "skipped."  # on a sweep's parent run: skipped.<job number> = "<overrides> -> <finished run id>"
 
 
@@ -67,7 +68,13 @@ def fail_parent_run(cfg: DictConfig) -> None:
 
 
 def open_parent(config: DictConfig, client: mlflow.MlflowClient, sweep_dir: Path) -> RunLogger:
-    """The sweep's parent run, its id written to ``sweep_dir`` for the jobs to find."""
+    """The sweep's parent run, its id written to ``sweep_dir`` for the jobs to find; earlier parent runs left RUNNING
+    by a sweep that died closed (:func:`close_orphan`)."""
+    if experiment := client.get_experiment_by_name(config.mlflow.experiment):
+        for run in search_all(client, experiment.experiment_id, RUNNING_SWEEPS):
+            folder = Path(run.data.tags.get("sweep_dir", sweep_dir))  # this sweep's own: held by this process
+            if close_orphan(client, run, None if folder == sweep_dir.resolve() else folder):
+                log.warning("sweep run %s was RUNNING, its process gone: closed KILLED", run.info.run_id)
     parent = RunLogger.start(
         client,
         config.mlflow.experiment,

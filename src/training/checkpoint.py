@@ -20,9 +20,10 @@ import torch
 
 from src.atomic import atomic_path
 from src.errors import UsageError
+from src.folders import BEST_FILE as BEST_FILE
+from src.folders import CHECKPOINT_FILE
 
-FILE = "checkpoint.pt"
-BEST_FILE = "best.pt"
+FILE = CHECKPOINT_FILE
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -84,8 +85,8 @@ def load(path: Path, mmap: bool = False) -> dict[str, Any]:
     """
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except (RuntimeError, EOFError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
-        why = str(err).strip().splitlines()[0].split(". ")[0].rstrip(".")
+    except (RuntimeError, EOFError, ValueError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
+        why = getattr(err, "strerror", None) or str(err).strip().splitlines()[0].split(". ")[0].rstrip(".")
         raise Unreadable(f"{path} is unreadable (truncated or corrupt: {why})") from None
 
 

@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 
 import mlflow
+import psutil
 import pytest
+import torch
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
@@ -22,6 +24,7 @@ from src.folders import held
 from src.jobs.plan import plan_job
 from src.jobs.resume import earlier_twin, resumable
 from src.tracking.identity import code_fingerprint, config_hash, flatten
+from src.tracking.runs import process_gone, process_tags
 from src.tracking.store import ensure_store, experiment_id
 from src.training import checkpoint
 from tests.helpers import ROOT, compose_config, history, kill_group, run_cli, runs, small_run
@@ -68,15 +71,16 @@ def hydra_job(folder: Path, overrides: list[str]):
     )
 
 
-def unfinished_run(client, overrides: list[str], folder: Path, ending: str, **tags: str) -> str:
-    """A run of the config of ``overrides`` ended ``ending``, whose folder holds its checkpoint (metadata only)."""
+def unfinished_run(client, overrides: list[str], folder: Path, ending: str, weights=None, **tags: str) -> str:
+    """A run of the config of ``overrides`` ended ``ending``, whose folder holds its checkpoint (metadata, and
+    ``weights`` where given)."""
     cfg = compose_config(*overrides)
     tags = {"config_hash": config_hash(flatten(cfg)), "code_fingerprint": code_fingerprint(), **tags}
     run_id = client.create_run(experiment_id(client, "medsweep"), tags={"output_dir": str(folder), **tags}).info.run_id
     client.set_terminated(run_id, ending)
     stored = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     state = {"run_id": run_id, "epoch": 1, "step": 2, "batch_size": 4, "accumulate": 1, "world": 1, "config": stored}
-    checkpoint.save(state, folder / checkpoint.FILE)
+    checkpoint.save({**state, **({"weights": weights} if weights is not None else {})}, folder / checkpoint.FILE)
     return run_id
 
 
@@ -114,6 +118,77 @@ def test_a_live_run_of_the_same_config_without_a_checkpoint_yet_is_not_trained_t
     assert resumable(client, typed, hashed) == (None, None)  # its process is gone: a new run trains it
     with held(tmp_path / "live", "job", "wait"):
         assert resumable(client, typed, hashed) == (None, live)
+
+
+def ended_process() -> dict[str, str]:
+    """:func:`process_tags` of a process of this machine that has ended."""
+    with subprocess.Popen(["sleep", "60"]) as child:
+        started = psutil.Process(child.pid).create_time()
+        child.kill()
+    return {**process_tags(), "pid": f"{child.pid}@{started:.2f}"}
+
+
+def test_a_process_is_gone_on_this_machine_only_when_no_process_has_its_pid_and_start_time():
+    assert not process_gone(process_tags())
+    assert process_gone(ended_process())
+    assert process_gone({**process_tags(), "pid": f"{os.getpid()}@1.00"})  # its pid taken by another process since
+    assert not process_gone({**ended_process(), "host": "another-node"})
+    assert not process_gone({**ended_process(), "boot_id": "an-earlier-boot"})
+    assert not process_gone({"host": process_tags()["host"]})  # a run logged before the tags
+
+
+def test_a_run_left_running_by_a_process_that_died_is_closed_by_the_next_command(tmp_path, store, caplog):
+    """A run killed (SIGKILL, the out-of-memory killer) before its first checkpoint stayed RUNNING for good."""
+    client = ensure_store(store)
+    overrides = ["model=resnet10", f"mlflow.tracking_uri={store}"]
+    typed, hashed = OmegaConf.to_object(compose_config(*overrides)), config_hash(flatten(compose_config(*overrides)))
+    ran = {"config_hash": hashed, "code_fingerprint": code_fingerprint()}
+
+    def running(name: str, process: dict[str, str]) -> str:
+        tags = {**ran, **process, "output_dir": str(tmp_path / name)}
+        return client.create_run(experiment_id(client, "medsweep"), tags=tags).info.run_id
+
+    orphan, alive = running("a", ended_process()), running("c", process_tags())
+    elsewhere = running("b", {**ended_process(), "host": "another-node"})
+    assert resumable(client, typed, hashed) == (None, None)
+    ended = [client.get_run(run) for run in (orphan, elsewhere, alive)]
+    assert [(run.info.status, run.data.tags.get("status")) for run in ended] == [
+        ("KILLED", "process_gone"),
+        ("RUNNING", None),
+        ("RUNNING", None),
+    ]
+    assert f"run {orphan} of this config was RUNNING, its process gone: closed KILLED" in caplog.text
+
+    held_by_another = running("d", ended_process())  # its folder held: a process of the run's lives on
+    with held(tmp_path / "d", "job", "wait"):
+        assert resumable(client, typed, hashed) == (None, held_by_another)
+    assert client.get_run(held_by_another).info.status == "RUNNING"
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_before_its_first_checkpoint_leaves_no_run_running_once_run_again(tmp_path, store, shared_data):
+    """SIGKILL to a sweep (one process: Hydra's basic launcher) while its job trains its first epoch: its parent run
+    and its job's run stayed RUNNING, and the same command trained a third and fourth run beside them."""
+    args = ["-m", *small_run(tmp_path, store, shared_data, "epochs=1", "limit_batches=200", "seed=0")]
+    with subprocess.Popen(
+        [sys.executable, "-m", "src.train", *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    ) as process:
+        deadline = time.monotonic() + 600
+        while len(runs(store)) < 2 and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        kill_group(process)
+    killed = {run.info.run_id for run in runs(store)}
+    assert len(killed) == 2 and {run.info.status for run in runs(store)} == {"RUNNING"}
+    result = run_cli(*args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ended = {run.info.run_id: (run.info.status, run.data.tags.get("status")) for run in runs(store)}
+    assert [ended[run] for run in killed] == [("KILLED", "process_gone")] * 2
+    assert sorted(status for run, status in ended.items() if run not in killed) == [("FINISHED", None)] * 2
 
 
 def test_resume_of_a_config_that_already_finished_is_refused(tmp_path, store):
@@ -156,15 +231,58 @@ def test_a_new_run_never_overwrites_the_tested_weights_an_earlier_run_left_in_it
     )
 
 
+def test_a_checkpoint_a_new_run_would_overwrite_is_refused_naming_its_run(tmp_path, store):
+    """A job folder holding an unfinished run's checkpoint that this job does not resume: the run is in another store,
+    deleted, of another config, or of a config today's schema refuses. A new run there overwrote it."""
+    client = ensure_store(store)
+    overrides = ["model=resnet10", f"mlflow.tracking_uri={store}"]
+    elsewhere = f"sqlite:///{tmp_path / 'other.db'}"
+    ran = unfinished_run(
+        ensure_store(elsewhere), [*overrides[:1], f"mlflow.tracking_uri={elsewhere}"], tmp_path / "a", "KILLED"
+    )
+    deleted = unfinished_run(client, overrides, tmp_path / "b", "KILLED")
+    client.delete_run(deleted)
+    seeded = unfinished_run(client, [*overrides, "seed=5"], tmp_path / "c", "KILLED")
+    outdated = unfinished_run(client, overrides, tmp_path / "d", "KILLED")
+    state = checkpoint.load(tmp_path / "d" / checkpoint.FILE)
+    state["config"]["model"]["old_key"] = 1
+    checkpoint.save(state, tmp_path / "d" / checkpoint.FILE)
+    for folder, run, why in [
+        ("a", ran, f"is not in {store}: set mlflow.tracking_uri to the store it logged to"),
+        ("b", deleted, f"is deleted in {store}: restore it (mlflow runs restore --run-id {deleted})"),
+        ("c", seeded, f"was trained with seed=5->0: resume it alone (resume={tmp_path / 'c'})"),
+        ("d", outdated, "was checkpointed with a config that does not fit today's schema (Key 'old_key' not in"),
+    ]:
+        with pytest.raises(UsageError) as refused:
+            plan_job(compose_config(*overrides), hydra_job(tmp_path / folder, overrides))
+        assert str(refused.value).startswith(
+            f"{tmp_path / folder / checkpoint.FILE} holds the checkpoint of run {run}, which a new run in this folder "
+            f"would overwrite; the run {why}"
+        )
+        assert str(refused.value).endswith(
+            ", or give this job another folder (hydra.run.dir, or hydra.sweep.dir with -m)"
+        )
+
+    for value, run, why in [
+        (deleted, deleted, f"of {tmp_path / 'b' / checkpoint.FILE} is deleted in {store}: restore it"),
+        (outdated, outdated, "was checkpointed with a config that does not fit today's schema (Key 'old_key' not in"),
+    ]:
+        command = [f"resume={value}", f"mlflow.tracking_uri={store}"]
+        with pytest.raises(UsageError) as refused:
+            plan_job(compose_config(*command), hydra_job(tmp_path / "job", command))
+        assert str(refused.value).startswith(f"resume={value}: run {run} {why}")
+
+
 # -- corrupt checkpoints ------------------------------------------------------------------------------------
 
 
-def test_a_corrupt_checkpoint_is_one_line_for_resume_and_a_warning_for_a_new_run(tmp_path, store, caplog):
+@pytest.mark.parametrize("kept", [200, 5000], ids=["its-header", "into-its-tensors"])  # a zip error, an OSError
+def test_a_corrupt_checkpoint_is_one_line_for_resume_and_a_warning_for_a_new_run(tmp_path, store, caplog, kept):
     client = ensure_store(store)
     overrides = ["model=resnet10", f"mlflow.tracking_uri={store}"]
-    killed = unfinished_run(client, overrides, tmp_path / "run", "KILLED")
+    killed = unfinished_run(client, overrides, tmp_path / "run", "KILLED", weights=torch.zeros(100_000))
     path = tmp_path / "run" / checkpoint.FILE
-    path.write_bytes(path.read_bytes()[:200])  # truncated
+    path.write_bytes(path.read_bytes()[:kept])  # truncated
     command = [f"resume={killed}", f"mlflow.tracking_uri={store}"]
     with pytest.raises(UsageError) as refused:
         plan_job(compose_config(*command), hydra_job(tmp_path / "job", command))
@@ -215,8 +333,8 @@ def test_a_full_output_disk_is_one_line_and_the_run_resumes_once_there_is_space(
         result = run_cli(*args, f"hydra.run.dir={disk}/run")
         (run,) = runs(store)
         assert one_error_line(result) == (
-            f"error: no space left on {disk}/run (writing checkpoint.pt): run {run.info.run_id} FAILED, its last "
-            f"checkpoint kept: free space, then resume it: python -m src.train resume={run.info.run_id}"
+            f"error: no space left on {disk}/run (writing checkpoint.pt): run {run.info.run_id} FAILED; its last "
+            f"checkpoint is kept: free space, then resume it: python -m src.train resume={run.info.run_id}"
         )
         assert (run.info.status, run.data.tags["status"]) == ("FAILED", "no_space")
         assert checkpoint.load(disk / "run" / checkpoint.FILE)["epoch"] == 1

@@ -92,3 +92,23 @@ def test_a_rerun_takes_the_name_of_the_run_and_the_threads_it_trained_with(tmp_p
     overrides = [f"rerun={run_id}"]
     rebuilt, name = rerun_config(compose_config(*overrides, f"mlflow.tracking_uri={store}"), overrides, store)
     assert (rebuilt.num_threads, name) == (3, "model=resnet10 seed=0")
+
+
+@pytest.mark.parametrize(
+    "artifact,why",
+    [
+        ("epochs: [unclosed\n", "while parsing a flow sequence"),
+        ("", "missing mandatory value: data"),
+        ("model: {old_key: 1}\n", "Key 'old_key' not in 'ModelConfig'"),
+    ],
+    ids=["not-yaml", "empty", "a-removed-key"],
+)
+def test_a_damaged_or_outdated_config_artifact_is_one_line(tmp_path, store, artifact, why):
+    client = ensure_store(store)
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "config.yaml").write_text(artifact)
+    run_id = client.create_run(experiment_id(client, "medsweep")).info.run_id
+    client.log_artifacts(run_id, str(tmp_path / ".hydra"), ".hydra")
+    message = refused(store, f"rerun={run_id}")
+    assert message.startswith(f"rerun={run_id}: its logged config does not fit today's schema (") and why in message
+    assert message.endswith("): check out the run's git_commit tag to rerun it")

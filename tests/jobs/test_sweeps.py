@@ -14,8 +14,12 @@ from pathlib import Path
 import mlflow
 import psutil
 import pytest
+from omegaconf import OmegaConf
 
-from src.folders import fresh, held, release
+from src.errors import UsageError
+from src.folders import check_own_folder, fresh, held, release
+from src.jobs.sweep import check_job_folders
+from src.jobs.sweep_checks import SweepJob
 from src.parallel.preemption import Preemption
 from tests.helpers import ROOT, kill_group, run_cli, runs, small_run
 
@@ -136,6 +140,69 @@ def test_a_released_folder_goes_only_when_fresh_claimed_it_and_it_holds_no_more_
     for folder in (started, refused, given):
         release(folder)
     assert sorted(tmp_path.rglob("*")) == [given, tmp_path / "outputs", started, started / "train.log"]
+
+
+@pytest.mark.parametrize("run_dir", ["", "."], ids=["empty", "dot"])
+def test_a_run_folder_holding_other_files_is_refused_before_hydra_writes_there(tmp_path, store, shared_data, run_dir):
+    """A run logs its folder to MLflow: the working directory (a project's, a home folder) would go with it."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").touch()
+    args = [a for a in small_run(tmp_path, store, shared_data) if not a.startswith("hydra.run.dir=")]
+    result = run_cli(*args, f"hydra.run.dir={run_dir}", cwd=project)
+    working = " (the working directory)" if not run_dir else ""
+    assert one_error_line(result) == (
+        f"error: hydra.run.dir={run_dir}{working} holds files no run writes (pyproject.toml), and a run logs its "
+        "folder to MLflow: give an empty folder"
+    )
+    assert [path.name for path in project.iterdir()] == ["pyproject.toml"]
+    assert runs(store) == []
+
+
+def test_a_folder_a_run_wrote_is_its_own_and_any_other_file_is_named(tmp_path):
+    for name in (".hydra", "eval"):
+        (tmp_path / name).mkdir()
+    for name in ("train.log", "checkpoint.pt", "best.pt", "metrics.json", "oom_rank1.json", ".medsweep.lock"):
+        (tmp_path / name).touch()
+    (tmp_path / ".best.pt.123.456.tmp").touch()  # an atomic write in progress
+    check_own_folder(tmp_path, "it")
+    check_own_folder(tmp_path / "absent", "it")
+    for name in ("notes.txt", "data", "src", "mlflow.db"):
+        (tmp_path / name).touch()
+    with pytest.raises(UsageError, match=r"^it holds files no run writes \(data, mlflow.db, notes.txt and 1 more\)"):
+        check_own_folder(tmp_path, "it")
+
+
+def sweep_job(num: int, sweep: Path, subdir: str) -> SweepJob:
+    hydra_cfg = OmegaConf.create(
+        {"runtime": {"output_dir": str((sweep / subdir).resolve())}, "sweep": {"subdir": subdir}}
+    )
+    return SweepJob(num, f"job{num}", [], OmegaConf.create(), hydra_cfg)
+
+
+@pytest.mark.parametrize(
+    "subdirs,error",
+    [
+        (["0", "1", "10", "1-0"], None),
+        (["0", "0"], "hydra.sweep.subdir=0 (job 1's folder {sweep}/0) is job 0's folder"),
+        (["a", "a/b"], "job 0's folder {sweep}/a holds job 1's folder {sweep}/a/b"),
+        (["a/b/c", "x", "a"], "job 2's folder {sweep}/a holds job 0's folder {sweep}/a/b/c"),
+        (["0", "."], "hydra.sweep.subdir=. (job 1's folder {sweep}) is or holds the sweep's folder {sweep}"),
+        (["0", ".."], "hydra.sweep.subdir=.. (job 1's folder {tmp}) is or holds the sweep's folder {sweep}"),
+    ],
+)
+def test_each_job_of_a_sweep_has_a_folder_apart_from_the_sweeps_and_the_others(tmp_path, subdirs, error):
+    sweep = tmp_path / "sweep"
+    jobs = [sweep_job(num, sweep, subdir) for num, subdir in enumerate(subdirs)]
+    if error is None:
+        check_job_folders(sweep, jobs)
+        return
+    with pytest.raises(UsageError) as refused:
+        check_job_folders(sweep, jobs)
+    assert str(refused.value).startswith(error.format(sweep=sweep, tmp=tmp_path))
+    assert str(refused.value).endswith(
+        "give each job a folder of its own in the sweep's (hydra.sweep.subdir, default ${hydra.job.num})"
+    )
 
 
 # -- every job checked before the first starts --------------------------------------------------------------

@@ -219,3 +219,26 @@ def test_submitit_tasks_form_one_ddp_job(tmp_path, store, shared_data):
     (job,) = children(store)
     assert job.info.status == "FINISHED" and job.data.params["world_size"] == "2"
     assert all(len(values) == 1 for values in history(store, job.info.run_id).values())
+
+
+@pytest.mark.parametrize(
+    "environment,error",
+    [
+        ({}, "RANK=0 and WORLD_SIZE=2 in the environment without MASTER_ADDR and MASTER_PORT, where the ranks meet"),
+        ({"MASTER_ADDR": "127.0.0.1"}, "RANK=0 and WORLD_SIZE=2 in the environment without MASTER_PORT, where"),
+        ({"MASTER_ADDR": "h", "MASTER_PORT": "70000"}, "MASTER_PORT=70000 in the environment is no TCP port"),
+        ({"MASTER_ADDR": "h", "MASTER_PORT": "port"}, "MASTER_PORT=port in the environment must be a whole number"),
+        ({"MASTER_ADDR": "h", "MASTER_PORT": "29500"}, None),
+    ],
+)
+def test_a_rank_set_by_hand_needs_where_the_ranks_meet(monkeypatch, environment, error):
+    """torch's env:// rendezvous failed with a traceback, after the run was created."""
+    for name in ("MASTER_ADDR", "MASTER_PORT", "SUBMITIT_EXECUTOR", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in {"RANK": "0", "WORLD_SIZE": "2", **environment}.items():
+        monkeypatch.setenv(name, value)
+    if error is None:
+        assert dist.external_rank() == dist.Rank(0, 2, 0)
+        return
+    with pytest.raises(UsageError, match=f"^{re.escape(error)}"):
+        dist.external_rank()

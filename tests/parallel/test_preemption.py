@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import logging
+import signal
 
 import mlflow
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf, open_dict
 
-from src.parallel.preemption import EXIT_PREEMPTED
+from src.jobs.job import in_sweep
+from src.jobs.sweep import read_stop
+from src.parallel.preemption import EXIT_PREEMPTED, Preemption
 from src.tracking.store import ensure_store, experiment_id
 from src.tracking.sweep import parent_status
 from src.training import checkpoint
-from tests.helpers import RESULTS, history, own_messages, run_cli, runs, small_run
+from tests.helpers import RESULTS, ROOT, history, own_messages, run_cli, runs, small_run
 
 NOT_RESULTS = ("perf/", "mem/", "time/")  # measurements of the process, not results
 
@@ -143,3 +149,24 @@ def test_an_experiment_with_artifacts_under_the_working_directory_is_used_with_o
         "beside the store)"
     ]
     assert client.get_experiment(created).artifact_location == str(tmp_path / "mlruns" / "old")  # left as it is
+
+
+@pytest.mark.parametrize("signum,stops", [(signal.SIGUSR2, False), (signal.SIGTERM, True)], ids=["USR2", "TERM"])
+def test_submitits_timeout_signal_after_a_job_trained_ends_that_job_only(tmp_path, monkeypatch, signum, stops):
+    """submitit's timeout signal (USR2) that came during a job's test stopped the whole sweep: on SLURM, with
+    ``array_parallelism`` jobs at a time, the jobs not started yet never were."""
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "local")
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        composed = compose("config", [f"hydra.sweep.dir={tmp_path}"], return_hydra_config=True)
+    with open_dict(composed):
+        composed.hydra.job.num = 0
+    monkeypatch.setattr(HydraConfig.instance(), "cfg", None)  # the test's Hydra config goes with it
+    HydraConfig.instance().set_config(composed)
+    preemption = Preemption()
+
+    def trained() -> float:
+        preemption.signum = signum  # the signal came after the training loop: the job finished its test
+        return 0.9
+
+    assert in_sweep(OmegaConf.create(), trained, preemption) == 0.9
+    assert (read_stop(tmp_path) is not None) == stops

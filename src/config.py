@@ -61,6 +61,16 @@ def within_each(key: str, values: list, *bounds: Any, count: int | None = None, 
         within(f"{key}[{i}]", value, *bounds, **options)
 
 
+def check_unread(section: str, config: Any, unread: dict[str, tuple[str, str]]) -> None:
+    """Refuse a key of ``config`` set off its default that the options chosen do not read (``unread``: key -> the
+    setting that ignores it, what reads it): it would train as the default does, under another config hash."""
+    defaults = {f.name: f.default_factory() if callable(f.default_factory) else f.default for f in fields(config)}
+    for key, (setting, reader) in unread.items():
+        if (value := getattr(config, key)) != defaults[key]:
+            shown = value.name if isinstance(value, Enum) else value
+            raise ValueError(f"{section}.{key}={shown}: {setting} ignores it (only {reader} reads it): drop it")
+
+
 def not_longer(key: str, value: str | None, limit: int, whose: str) -> None:
     """Refuse a string of more than ``limit`` characters (``whose`` limit it is)."""
     if value is not None and len(value) > limit:
@@ -258,24 +268,18 @@ class DataConfig:
         within("data.window_width", self.window_width, 0, ends="()", fix=" (the window's width)")
 
     def check_ignored_keys(self) -> None:
-        """Refuse a key this dataset does not read set off its default: a run that would train the same as the
-        default under another config hash."""
-        window = "data=nifti with data.intensity=window"
-        readers = {"synthetic_samples": "data=synthetic", **dict.fromkeys(NIFTI_KEYS, "data=nifti")}
-        readers |= {"window_level": window, "window_width": window}
-        reads = {
-            "data=synthetic": self.name == SYNTHETIC,
-            "data=nifti": self.name == NIFTI,
-            window: self.name == NIFTI and self.intensity is Intensity.window,
-        }
-        defaults = {f.name: f.default_factory() if callable(f.default_factory) else f.default for f in fields(self)}
-        for key, reader in readers.items():
-            value = getattr(self, key)
-            if not reads[reader] and value != defaults[key]:
-                nifti = reader == window and self.name == NIFTI
-                setting = f"data.intensity={self.intensity.name}" if nifti else f"data={self.name}"
-                shown = value.name if isinstance(value, Enum) else value
-                raise ValueError(f"data.{key}={shown}: {setting} ignores it (only {reader} reads it): drop it")
+        """Refuse a key this dataset or loader does not read set off its default (:func:`check_unread`)."""
+        ignores, window = f"data={self.name}", "data=nifti with data.intensity=window"
+        nifti = self.name == NIFTI
+        unread = {} if self.name == SYNTHETIC else {"synthetic_samples": (ignores, "data=synthetic")}
+        unread |= {} if nifti else dict.fromkeys(NIFTI_KEYS, (ignores, "data=nifti"))
+        if not (nifti and self.intensity is Intensity.window):
+            setting = f"data.intensity={self.intensity.name}" if nifti else ignores
+            unread |= dict.fromkeys(("window_level", "window_width"), (setting, window))
+        if self.loader is not Loader.dataloader:
+            setting = f"data.loader={self.loader.value}"
+            unread |= dict.fromkeys(("num_workers", "pin_memory"), (setting, "data.loader=dataloader"))
+        check_unread("data", self, unread)
 
 
 @dataclass
@@ -333,6 +337,9 @@ class OptimConfig:
                 f"Nesterov needs optim=sgd with optim.momentum > 0; or use optim.nesterov=false"
             )
         within_each("optim.betas", self.betas, 0, 1, count=2, what="Adam's beta1 and beta2, e.g. [0.9,0.999]")
+        ignores = f"optim={self.name.value}"
+        unread = {"betas": (ignores, "optim=adam or adamw")} if self.name is OptimName.sgd else {}
+        check_unread("optim", self, unread or {"momentum": (ignores, "optim=sgd")})
 
 
 @dataclass
@@ -354,6 +361,10 @@ class SchedConfig:
         within("sched.min_lr", self.min_lr, 0)
         within("sched.base_lr", self.base_lr, 0, ends="()")
         within("sched.cycle_epochs", self.cycle_epochs, 0, ends="()")
+        readers = {"milestones": "multistep", "gamma": "multistep", "min_lr": "cosine"}
+        readers |= {"base_lr": "cyclic", "cycle_epochs": "cyclic"}
+        ignores = f"sched={self.name.value}"
+        check_unread("sched", self, {k: (ignores, f"sched={v}") for k, v in readers.items() if v != self.name.value})
 
 
 @dataclass

@@ -129,6 +129,13 @@ def check_own_folder(folder: Path, what: str) -> None:
         )
 
 
+def follower_rank() -> bool:
+    """Whether torchrun or SLURM started this process as a rank above 0 (``RANK`` with ``WORLD_SIZE``): it trains
+    in the working directory and writes nothing there; rank 0 holds the run's folder."""
+    rank = os.environ.get("RANK", "0")
+    return "WORLD_SIZE" in os.environ and rank.isdigit() and int(rank) > 0
+
+
 class RunFolder(Callback):
     """Hydra callback: a run's folder (``hydra.run.dir``) it cannot write is one ``error:`` line before Hydra makes
     it (a sweep's folder: :class:`src.jobs.sweep.Sweep`)."""
@@ -138,7 +145,8 @@ class RunFolder(Callback):
         try:
             check_no_chdir(config)
             folder, what = Path(config.hydra.run.dir), f"hydra.run.dir={config.hydra.run.dir}"
-            check_own_folder(folder, what if config.hydra.run.dir else f"{what} (the working directory)")
+            if not follower_rank():
+                check_own_folder(folder, what if config.hydra.run.dir else f"{what} (the working directory)")
             writable(folder, what)
         except UsageError as err:
             exit_with(err)
@@ -165,6 +173,15 @@ def held(folder: Path, what: str, fix: str) -> Iterator[None]:
         handle.write(str(os.getpid()))
         handle.flush()
         yield
+
+
+def holder(folder: Path) -> int | None:
+    """The pid :func:`held` wrote in ``folder``'s lock file: the process that holds it, or last held it."""
+    try:
+        text = (folder / LOCK_FILE).read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
 
 
 def in_use(folder: Path) -> bool:

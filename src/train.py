@@ -5,12 +5,12 @@ MLflow and the job's code are imported only once the config passed the schema's 
 
 from __future__ import annotations
 
-import os
 import sys
 
 from omegaconf import DictConfig
 
 from src.cli import command
+from src.folders import follower_rank
 from src.parallel.preemption import Preemption
 from src.perf import startup
 from src.perf.startup import job_clock
@@ -37,8 +37,7 @@ def train(cfg: DictConfig) -> float:
 main = command("config")(train)
 
 if __name__ == "__main__":
-    rank = os.environ.get("RANK", "0")
-    if "WORLD_SIZE" in os.environ and rank.isdigit() and int(rank) > 0:  # torchrun / SLURM: rank 0 owns the folder
+    if follower_rank():  # torchrun / SLURM: rank 0 owns the folder
         sys.argv += ["hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=stdout"]
     from src.train import main as importable_main  # launchers pickle the task by reference, not __main__'s copy
 

@@ -416,6 +416,21 @@ BAD_VALUES = [
         "data.window_width=300.0: data.intensity=minmax ignores it (only data=nifti with data.intensity=window reads "
         "it): drop it",
     ),
+    (
+        "data.num_workers=4",
+        "data.num_workers=4: data.loader=tensor ignores it (only data.loader=dataloader reads it): drop it",
+    ),
+    ("optim.momentum=0.5", "optim.momentum=0.5: optim=adam ignores it (only optim=sgd reads it): drop it"),
+    (
+        "optim=sgd optim.betas=[0.8,0.9]",
+        "optim.betas=[0.8, 0.9]: optim=sgd ignores it (only optim=adam or adamw reads it): drop it",
+    ),
+    (
+        "sched=cosine sched.milestones=[0.3]",
+        "sched.milestones=[0.3]: sched=cosine ignores it (only sched=multistep reads it): drop it",
+    ),
+    ("sched=none sched.min_lr=0.1", "sched.min_lr=0.1: sched=none ignores it (only sched=cosine reads it): drop it"),
+    ("sched.base_lr=0.01", "sched.base_lr=0.01: sched=multistep ignores it (only sched=cyclic reads it): drop it"),
     ("aug.affine_p=1.5", "aug.affine_p=1.5 must be in [0, 1] (a probability)"),
     ("aug.affine_degrees=181", "aug.affine_degrees=181.0 must be in [0, 180] (rotation in +- affine_degrees)"),
     ("aug.affine_degrees=-1", "aug.affine_degrees=-1.0 must be in [0, 180] (rotation in +- affine_degrees)"),

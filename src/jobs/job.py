@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 
 from src.config import Config, ParallelMode
 from src.data import ensure_file
-from src.folders import held
+from src.folders import held, holder
 from src.jobs import dry_run, outcome
 from src.jobs.plan import Plan, plan_job, resolve_batch, save_job_config
 from src.jobs.rank import Job, run_rank, spawned_rank
@@ -28,7 +28,7 @@ from src.jobs.resume import earlier_twin, reopen
 from src.jobs.sweep import failure, read_stop, signalled, write_stop
 from src.parallel import dist
 from src.parallel.launch import job_device, job_gpus, spawn_ranks
-from src.parallel.preemption import Preempted, PreemptedExit, Preemption, requeue_signal
+from src.parallel.preemption import Preempted, PreemptedExit, Preemption, ended_with_parent, requeue_signal
 from src.parallel.ranks import job_world
 from src.perf.startup import StartupClock
 from src.tracking.identity import code_fingerprint
@@ -155,7 +155,8 @@ def in_sweep(cfg: DictConfig, run: Callable[[], float], preemption: Preemption) 
         log.warning("job %d not started: %s", num, stop.reason)
         return math.nan
     try:
-        result = run()
+        with ended_with_parent(holder(sweep_dir)):
+            result = run()
     except PreemptedExit:
         if preemption.signum is not None and preemption.signum == requeue_signal():
             raise  # submitit requeues the job, which resumes by itself: the sweep goes on

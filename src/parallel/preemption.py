@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 
 import psutil
@@ -128,6 +129,40 @@ class Preemption:
     @property
     def exit_code(self) -> int:
         return exit_code(self.signum or signal.SIGTERM)
+
+
+PARENT_CHECK_S = 2.0  # how often a sweep's worker looks for the main process that started it
+IN_JOB = threading.Event()  # set while this process runs a job of a sweep
+WATCHED: set[int] = set()  # the main process this process watches, once it does
+
+
+@contextlib.contextmanager
+def ended_with_parent(parent: int | None) -> Iterator[None]:
+    """A job of a sweep in a process the sweep's main process ``parent`` started (joblib's worker, submitit's local
+    job): once that process is gone (SIGKILL, the out-of-memory killer), the job stops as SIGTERM stops it, and the
+    process exits when no job runs: it trained on unsupervised, then idled for ever. One daemon thread a process."""
+    if parent is not None and os.getppid() == parent and parent not in WATCHED:
+        WATCHED.add(parent)
+        threading.Thread(target=watch_parent, args=(parent,), name="medsweep-parent", daemon=True).start()
+    IN_JOB.set()
+    try:
+        yield
+    finally:
+        IN_JOB.clear()
+
+
+def watch_parent(parent: int) -> None:
+    stopped = False
+    while True:
+        time.sleep(PARENT_CHECK_S)
+        if os.getppid() == parent:
+            continue
+        if not IN_JOB.is_set():
+            os._exit(exit_code(signal.SIGTERM))
+        if not stopped:
+            log.warning("the sweep's main process %d is gone: this job stops", parent)
+            os.kill(os.getpid(), signal.SIGTERM)
+            stopped = True
 
 
 class SignalWatcher:

@@ -349,6 +349,35 @@ def test_sigterm_to_a_joblib_sweep_checkpoints_its_jobs_and_the_same_command_res
 
 
 @pytest.mark.slow
+def test_a_joblib_sweep_killed_outright_stops_its_workers_and_the_same_command_resumes_its_jobs(
+    tmp_path, store, shared_data
+):
+    """SIGKILL to the main process (the out-of-memory killer's way): joblib's workers trained on unsupervised, then
+    idled for ever (~0.9 GB each), and the parent run stayed RUNNING."""
+    args = (*JOBLIB, *small_run(tmp_path, store, shared_data, *TRAINING, "seed=0,1"))
+    process, log = start_sweep(tmp_path, *args)
+    wait_for(log, "start-up", 2, process)  # both jobs train
+    workers = [p for p in psutil.Process(process.pid).children() if "resource_tracker" not in " ".join(p.cmdline())]
+    process.kill()
+    process.wait()
+    try:
+        _, alive = psutil.wait_procs(workers, timeout=300)
+    finally:
+        kill_group(process)  # joblib's resource tracker
+    assert alive == [], log.read_text()[-3000:]
+    (parent,), jobs = sweep_runs(store)
+    assert {(r.info.status, r.data.tags["preempted"]) for r in jobs} == {("KILLED", "true")}, log.read_text()[-3000:]
+
+    again = run_cli("-m", *args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    parents, after = sweep_runs(store)
+    assert sorted(r.info.run_id for r in after) == sorted(r.info.run_id for r in jobs)  # resumed, none duplicated
+    assert {r.info.status for r in after} == {"FINISHED"}
+    ended = {p.info.run_id: (p.info.status, p.data.tags.get("status")) for p in parents}
+    assert ended.pop(parent.info.run_id) == ("KILLED", "process_gone") and list(ended.values()) == [("FINISHED", None)]
+
+
+@pytest.mark.slow
 def test_ctrl_c_stops_a_sweep_with_its_resume_command_and_no_job_starts_after_it(tmp_path, store, shared_data):
     """SIGINT to the whole process group, as a terminal sends it."""
     process, log = start_sweep(tmp_path, *small_run(tmp_path, store, shared_data, *TRAINING, "seed=0,1"))

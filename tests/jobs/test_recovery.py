@@ -371,10 +371,15 @@ def test_a_store_whose_disk_fills_mid_run_is_one_line_naming_the_run_to_resume(t
             kill_group(process)
     result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
     run_id = started[0].info.run_id
+    go_on = (  # the store failed at the run's first writes, or at an epoch's metrics after its checkpoint
+        f"its last checkpoint is kept: fix the store, then resume it: python -m src.train resume={run_id} (or the same "
+        "command again)"
+        if (tmp_path / "run" / checkpoint.FILE).is_file()
+        else "it wrote no checkpoint yet: fix the store, then run the same command again (a new run trains it)"
+    )
     assert one_error_line(result) == (
         f"error: the MLflow store {store} failed (no space left on its disk) with run {run_id}, which may stay "
-        f"RUNNING; its last checkpoint is kept: fix the store, then resume it: python -m src.train resume={run_id} "
-        "(or the same command again)"
+        f"RUNNING; {go_on}"
     )
 
 

@@ -22,6 +22,7 @@ SEED = "seed"
 THROUGHPUT, MEMORY, AUC = "perf/samples_per_s", "mem/peak_mb", "test/auc"
 STEPS_TIMED, CONTENDED, DTYPE = "perf/steps_timed", "perf.contended", "amp.dtype"  # a metric, two tags
 CONFIG_HASH, STARTED, SET_ASIDE = "config_hash", "start_time", "set_aside"  # a tag, the run's start (ms), a flag
+PROVENANCE = ("code_fingerprint", "torch_version", "host")  # tags: runs that differ in one are not like for like
 MIN_TIMED_STEPS = 20  # a run that timed fewer steps (a smoke run) is no basis for speed; as the trainer's warning
 NO_LOSS, LOSS, INCONCLUSIVE, NO_DIFFERENCE = "no loss", "loss", "inconclusive", "no difference"
 CANNOT_JUDGE_SPEED = "cannot judge speed"

@@ -122,7 +122,7 @@ def throughput_memory(table: pd.DataFrame, keys: list[str], front: np.ndarray, t
     )
     labelled = [*np.flatnonzero(front), *(np.flatnonzero(~front) if len(table) <= ANNOTATE_ALL_UP_TO else [])]
     place_labels(ax, x, y, {i: config_label(table.iloc[i], keys) for i in labelled})
-    fig.savefig(path, dpi=DPI)
+    fig.savefig(path, dpi=DPI, format="png")  # path: a temporary name
     plt.close(fig)
     return int((~drawn).sum())
 
@@ -268,7 +268,7 @@ def paired_effects(found: pd.DataFrame, summary: pd.DataFrame, title: str, path:
     axes[0].set_ylim(len(rows) - 0.4, -0.6)
     fig.legend(handles=legend(summary), loc="outside lower center", ncol=3, fontsize=9)
     fig.suptitle(title)
-    fig.savefig(path, dpi=DPI)
+    fig.savefig(path, dpi=DPI, format="png")  # path: a temporary name
     plt.close(fig)
     return left_out
 

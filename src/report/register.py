@@ -43,9 +43,21 @@ def best_model(frame: pd.DataFrame, runs: list[Run], name: str) -> Best:
 
 
 def register(best: Best, name: str, uri: str) -> str:
-    """Register ``best``'s model under ``name`` in the registry of the store ``uri``; its version."""
+    """Register ``best``'s model under ``name`` in the registry of the store ``uri``; its version. A model already
+    registered under ``name`` (the report run again, after its logging failed, say) keeps its version: no duplicate."""
+    source = f"models:/{best.model_id}"
+    for found in mlflow.MlflowClient(uri).search_model_versions(f"run_id = '{best.run_id}'"):
+        if found.name == name and found.source == source:
+            log.info(
+                "%s version %s already holds model %s (run %s): not registered again",
+                name,
+                found.version,
+                best.model_id,
+                best.run_id,
+            )
+            return found.version
     mlflow.set_tracking_uri(uri)  # the registry of the store the runs are in
-    version = mlflow.register_model(f"models:/{best.model_id}", name, tags={RANKED_BY: f"{best.val_auc:.6g}"})
+    version = mlflow.register_model(source, name, tags={RANKED_BY: f"{best.val_auc:.6g}"})
     log.info(
         "registered %s version %s: run %s (%s %.4f, the best of %d), model %s",
         name,

@@ -16,7 +16,7 @@ import mlflow
 import numpy as np
 import pandas as pd
 import yaml
-from mlflow.entities import Run
+from mlflow.entities import LifecycleStage, Run
 from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from omegaconf import OmegaConf
@@ -24,7 +24,18 @@ from omegaconf.errors import OmegaConfBaseException
 
 from src.config import ReportConfig
 from src.errors import UsageError
-from src.report.analysis import AUC, CONFIG_HASH, CONTENDED, DTYPE, MEMORY, SET_ASIDE, STARTED, STEPS_TIMED, THROUGHPUT
+from src.report.analysis import (
+    AUC,
+    CONFIG_HASH,
+    CONTENDED,
+    DTYPE,
+    MEMORY,
+    PROVENANCE,
+    SET_ASIDE,
+    STARTED,
+    STEPS_TIMED,
+    THROUGHPUT,
+)
 from src.tracking.store import search_all, tracking_uri
 from src.tracking.sweep import PARENT_ID_FILE, RUN_ID, SKIPPED_TAG, read_parent_id
 
@@ -34,7 +45,7 @@ METRICS = ["test/acc", AUC, "val/acc", "val/auc", THROUGHPUT, MEMORY, "mem/predi
 BEST_EPOCH = ("val/auc", "val/acc")  # read at the epoch the run tested (best_epoch)
 THROUGHPUT_MEDIAN = "perf/samples_per_s_median"  # the median over a run's timed epochs, logged at its end
 FLOAT_MAX = np.finfo(float).max  # how MLflow's SQL stores keep an infinite metric (its sign kept)
-NOT_PARAMS = ("run_id", "status", *METRICS, STEPS_TIMED, CONTENDED, DTYPE, CONFIG_HASH, STARTED, SET_ASIDE)
+NOT_PARAMS = ("run_id", "status", *METRICS, STEPS_TIMED, CONTENDED, DTYPE, CONFIG_HASH, STARTED, SET_ASIDE, *PROVENANCE)
 FOLDER_NAME_MAX = 100  # bytes of a default folder named after an experiment: well inside any file system's 255
 
 
@@ -90,12 +101,23 @@ def folder_name(name: str) -> str:
 
 
 def parent_run(client: mlflow.MlflowClient, run_id: str, selector: str, uri: str) -> Run:
+    """The sweep's parent run; a :class:`UsageError` where it is not in the store, or was deleted (with its
+    experiment, say: its children are then out of every search, and the report would be logged where none sees it)."""
     try:
-        return client.get_run(run_id)
+        run = client.get_run(run_id)
     except MlflowException:
         raise UsageError(
             f"{selector}: run {run_id} is not in {uri}: set mlflow.tracking_uri to the store the sweep logged to"
         ) from None
+    if run.info.lifecycle_stage == LifecycleStage.DELETED:
+        experiment = run.info.experiment_id
+        restore = (
+            f"mlflow experiments restore --experiment-id {experiment}: it was deleted with its experiment"
+            if client.get_experiment(experiment).lifecycle_stage == LifecycleStage.DELETED
+            else f"mlflow runs restore --run-id {run_id}"
+        )
+        raise UsageError(f"{selector}: run {run_id} was deleted from {uri}: restore it to report it ({restore})")
+    return run
 
 
 def sweep_runs(client: mlflow.MlflowClient, parent: Run) -> list[Run]:
@@ -129,6 +151,11 @@ def select(cfg: ReportConfig, client: mlflow.MlflowClient, uri: str) -> Selectio
         if experiment is None:
             names = ", ".join(e.name for e in client.search_experiments())
             raise UsageError(f"mlflow.experiment={cfg.mlflow.experiment} is not in {uri}: use one of {names}")
+        if experiment.lifecycle_stage == LifecycleStage.DELETED:
+            raise UsageError(
+                f"mlflow.experiment={experiment.name} was deleted from {uri}: restore it (mlflow experiments restore "
+                f"--experiment-id {experiment.experiment_id}) to report it"
+            )
         runs = [r for r in search_all(client, experiment.experiment_id) if r.data.tags.get("role") != "sweep"]
         if not runs:
             raise UsageError(
@@ -196,23 +223,28 @@ def run_metrics(client: mlflow.MlflowClient, run: Run) -> dict[str, float]:
 
 def run_tags(run: Run) -> dict:
     """Whether other processes shared the machine (:data:`CONTENDED`; runs logged before it was tagged: not), the
-    precision trained in (:data:`DTYPE`; ``""`` when not tagged), its configuration's :data:`CONFIG_HASH` (``""``
-    when not tagged) and its :data:`STARTED` time."""
+    precision trained in (:data:`DTYPE`), its configuration's :data:`CONFIG_HASH`, its :data:`PROVENANCE` tags
+    (each ``""`` when not tagged) and its :data:`STARTED` time."""
     tags = run.data.tags
     return {
         CONTENDED: tags.get(CONTENDED) == "true",
-        DTYPE: tags.get(DTYPE, ""),
-        CONFIG_HASH: tags.get(CONFIG_HASH, ""),
+        **{tag: tags.get(tag, "") for tag in (DTYPE, CONFIG_HASH, *PROVENANCE)},
         STARTED: run.info.start_time,
     }
 
 
 def run_frame(client: mlflow.MlflowClient, runs: list[Run]) -> pd.DataFrame:
-    """One row per run: ``run_id``, ``status``, every param (string, ``""`` when a run lacks it), :data:`METRICS`,
-    :data:`STEPS_TIMED` (an infinite value as logged, not as the store keeps it: :data:`FLOAT_MAX`) and
-    :func:`run_tags`."""
+    """One row per run: ``run_id``, ``status``, every param (string, ``""`` when a run lacks it; none named as one of
+    these columns, :data:`NOT_PARAMS`, which would overwrite or be overwritten), :data:`METRICS`, :data:`STEPS_TIMED`
+    (an infinite value as logged, not as the store keeps it: :data:`FLOAT_MAX`) and :func:`run_tags`."""
     rows = [
-        {"run_id": r.info.run_id, "status": status(r), **r.data.params, **run_metrics(client, r), **run_tags(r)}
+        {
+            "run_id": r.info.run_id,
+            "status": status(r),
+            **{key: value for key, value in r.data.params.items() if key not in NOT_PARAMS},
+            **run_metrics(client, r),
+            **run_tags(r),
+        }
         for r in runs
     ]
     frame = pd.DataFrame(rows)

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 from mlflow.exceptions import MlflowException
 
+from src.atomic import atomic_path
 from src.config import ReportConfig
 from src.errors import UsageError
 from src.folders import writable
@@ -32,6 +33,7 @@ from src.report.analysis import (
     EFFECTS,
     MEMORY,
     MIN_TIMED_STEPS,
+    PROVENANCE,
     SEED,
     SET_ASIDE,
     STEPS_TIMED,
@@ -247,6 +249,22 @@ def set_aside_note(set_aside: int) -> str:
     )
 
 
+def mixed_note(finished: pd.DataFrame) -> str:
+    """One line on the :data:`PROVENANCE` tags the finished runs counted differ in (a sweep resumed after an edit of
+    the code, or spread over machines): their pairs measure that difference too; ``""`` when none does."""
+    mixed = [
+        f"`{tag}` " + ", ".join(f"{value or 'untagged'} ({n} run{'s' * (n > 1)})" for value, n in counts.items())
+        for tag in PROVENANCE
+        if len(counts := finished[tag].value_counts().sort_index()) > 1
+    ]
+    if not mixed:
+        return ""
+    return (
+        f"Not like for like: the finished runs differ in {'; '.join(mixed)}. A pair of runs that differ in these "
+        "measures that difference as well as its switch."
+    )
+
+
 def not_drawn(count: int, what: str) -> str:
     """`` Not drawn: 2 <what> ...`` for a figure that left values out; ``""`` when none."""
     return f" Not drawn: {count} {what} (missing, infinite, negative, or a ratio not above 0)." if count else ""
@@ -256,7 +274,9 @@ def write_report(
     frame: pd.DataFrame, selection: Selection, uri: str, out: Path, margins: Mapping[str, float]
 ) -> list[Path]:
     """Tables and figures of a :func:`run_frame` into ``out``, effects judged against ``margins`` (``margin``,
-    ``speed_margin``, ``memory_margin``); returns the files written."""
+    ``speed_margin``, ``memory_margin``); returns the files written. Each is written whole beside its name and then
+    renamed over it (:func:`atomic_path`): a report running at the same time, or a crash, leaves no file half-written,
+    a link in its place is replaced rather than written through, and a full disk is one line."""
     frame = frame.assign(**{SET_ASIDE: superseded(frame)})
     finished = frame[(frame["status"] == "FINISHED") & ~frame[SET_ASIDE]].reset_index(drop=True)
     others = frame[frame["status"] != "FINISHED"].reset_index(drop=True)
@@ -269,9 +289,8 @@ def write_report(
     precision = precision_shown(finished, keys)
     out.mkdir(parents=True, exist_ok=True)
     title = f"Report: {selection.label}"
-    undrawn = plots.throughput_memory(
-        table, keys, front, f"Throughput vs peak memory: {selection.label}", out / "throughput_memory.png"
-    )
+    with atomic_path(out / "throughput_memory.png") as path:
+        undrawn = plots.throughput_memory(table, keys, front, f"Throughput vs peak memory: {selection.label}", path)
     seeds = f"mean ± std over seeds (n runs); {DEFINITIONS}" if SEED in swept else DEFINITIONS
     sections = [
         Section(
@@ -282,6 +301,7 @@ def write_report(
         ),
         *([Section("", note)] if (note := set_aside_note(int(frame[SET_ASIDE].sum()))) else []),
         *([Section("", note)] if (note := speed_note(finished)) else []),
+        *([Section("", note)] if (note := mixed_note(finished)) else []),
         Section(
             "Configurations",
             f"{seeds} Pareto: no other configuration is at least as fast (samples/s), as "
@@ -296,7 +316,8 @@ def write_report(
         (out / "paired_effects.png").unlink(missing_ok=True)  # an earlier report's
         sections.append(Section("Paired effects", "No two finished runs differ in only one swept parameter."))
     else:
-        undrawn = plots.paired_effects(found, summary, f"Paired effects: {selection.label}", out / "paired_effects.png")
+        with atomic_path(out / "paired_effects.png") as path:
+            undrawn = plots.paired_effects(found, summary, f"Paired effects: {selection.label}", path)
         text = effects_text(margins) + not_drawn(undrawn, "values of pairs")
         sections.append(Section("Paired effects", text, effects_table(summary), "paired_effects.png"))
     sections.append(
@@ -320,10 +341,15 @@ def write_report(
                 runs_table(others, swept, [MEMORY, "mem/predicted_mb"]),
             )
         )
-    frame.to_csv(out / "runs.csv", index=False)
-    summary.to_csv(out / "effects.csv", index=False)
-    (out / "report.md").write_text(render_markdown(title, sections))
-    (out / "report.html").write_text(render_html(title, sections, out))
+    for name, rows in (("runs.csv", frame), ("effects.csv", summary)):
+        with atomic_path(out / name) as path:
+            rows.to_csv(path, index=False)
+    for name, text in (
+        ("report.md", render_markdown(title, sections)),
+        ("report.html", render_html(title, sections, out)),
+    ):
+        with atomic_path(out / name) as path:
+            path.write_text(text)
     return [out / name for name in FILES if (out / name).exists()]
 
 

@@ -40,7 +40,10 @@ class Pipeline:
     to_cube: Callable[[torch.Tensor], torch.Tensor]  # those to a (C, S, S, S) cube in [0, 1]
 
 
-def unreadable(table: Table, row: Row, err: Exception) -> UsageError:
+def unreadable(table: Table, row: Row, err: BaseException) -> UsageError:
+    """Named by the first error in the chain: MONAI wraps nibabel's in "applying transform <LoadImage ...>"."""
+    while err.__cause__ is not None:
+        err = err.__cause__
     detail = (str(err).strip().splitlines() or [type(err).__name__])[0]
     return UsageError(
         f"{table.at(row)}: {row.path} is not a volume nibabel reads ({detail}): replace it, or drop the row"
@@ -49,14 +52,22 @@ def unreadable(table: Table, row: Row, err: Exception) -> UsageError:
 
 def read_header(table: Table, row: Row) -> Header:
     """The volume's shape, its voxel size and extent along R, A, S (its axes in RAS order), from the header alone; an
-    affine without a positive voxel size (to 0.0001 mm) and a direction of its own along each axis refused."""
+    empty volume, voxels that are not real numbers (complex, RGB) and an affine without a positive voxel size (to
+    0.0001 mm) and a direction of its own along each axis refused."""
     import nibabel as nib  # here: every command imports src.data, few build a cache
 
     try:
         image = nib.load(row.path)
-        affine, shape = image.affine, image.shape
+        affine, shape, dtype = image.affine, image.shape, image.get_data_dtype()
     except Exception as err:  # nibabel and gzip raise assorted errors on a bad file
         raise unreadable(table, row, err) from None
+    if 0 in shape:
+        raise UsageError(f"{table.at(row)}: {row.image} holds no voxels (shape {shape}): replace it, or drop the row")
+    if dtype.kind not in "biuf":  # MONAI would keep a complex volume's real part, silently
+        raise UsageError(
+            f"{table.at(row)}: {row.image} holds {dtype} voxels, not real numbers: save it as real values (the "
+            f"magnitude of complex data; colour as 4-D channels), or drop the row"
+        )
     sizes = nib.affines.voxel_sizes(affine).round(4)
     positive = np.isfinite(sizes).all() and sizes.min() > 0
     axes = nib.orientations.io_orientation(affine)[:, 0] if positive else None  # NaN where axes share a direction

@@ -81,6 +81,12 @@ def read_csv(path: Path) -> Records:
         with path.open(newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f)
             header = [name.strip() for name in reader.fieldnames or []]
+            repeated = sorted({name for name in header if name and header.count(name) > 1})
+            if repeated:  # csv.DictReader would keep the last of them, silently (unnamed ones: a spreadsheet's)
+                raise UsageError(
+                    f"{path} has columns {header}, {' and '.join(repeated)} more than once: "
+                    f"keep one column of each name"
+                )
             missing = [name for name in COLUMNS if name not in header]
             if missing:
                 raise UsageError(

@@ -9,6 +9,7 @@ import mlflow
 import numpy as np
 import pandas as pd
 import pytest
+from mlflow.entities import LoggedModelOutput
 from mlflow.exceptions import MlflowException
 from mlflow.utils import validation
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
@@ -17,6 +18,7 @@ from src.errors import UsageError
 from src.report.analysis import (
     CONFIG_HASH,
     MEMORY_EFFECT,
+    PROVENANCE,
     SET_ASIDE,
     SPEED_EFFECT,
     STARTED,
@@ -26,9 +28,9 @@ from src.report.analysis import (
     verdict_text,
 )
 from src.report.analysis import paired_effects as find_pairs
-from src.report.runs import FOLDER_NAME_MAX, REPORTS, folder_name
-from src.report.writer import FILES, report
-from src.tracking.store import ensure_store
+from src.report.runs import FOLDER_NAME_MAX, REPORTS, folder_name, run_frame
+from src.report.writer import FILES, mixed_note, report
+from src.tracking.store import ensure_store, search_all
 from src.tracking.sweep import PARENT_ID_FILE
 from tests.helpers import run_cli
 from tests.report.test_report import MARGINS, log_run, report_config, tables
@@ -225,3 +227,86 @@ def test_an_artifact_store_that_refuses_the_report_is_one_error_after_writing_it
     out = tmp_path / "sweep" / "report"
     assert str(raised.value).startswith(f"the report was written to {out} but could not be logged to run {parent} (")
     assert "\n" not in str(raised.value) and {path.name for path in out.iterdir()} == set(FILES)
+
+
+def test_a_link_in_place_of_a_report_file_is_replaced_not_written_through(tmp_path):
+    _, uri, _ = store_with(tmp_path, "medsweep", amp_runs())
+    out, kept = tmp_path / "r", tmp_path / "kept.csv"
+    out.mkdir()
+    kept.write_text("not the report's\n")
+    (out / "runs.csv").symlink_to(kept)
+    (out / "report.md").symlink_to(tmp_path / "gone" / "report.md")  # dangling: writing through it fails
+    report(report_config("mlflow.experiment=medsweep", f"mlflow.tracking_uri={uri}", f"out={out}"))
+    assert kept.read_text() == "not the report's\n"
+    assert sorted(path.name for path in out.iterdir()) == sorted(FILES)  # no temporary file left
+    assert not any(path.is_symlink() for path in out.iterdir())
+
+
+@pytest.mark.parametrize("deleted", ["run", "experiment"])
+def test_a_deleted_parent_run_is_one_line_with_the_command_that_restores_it(tmp_path, deleted):
+    client, uri, experiment_id = store_with(tmp_path, "medsweep", [])
+    parent = client.create_run(experiment_id, tags={"role": "sweep"}).info.run_id
+    for params, final, tags in amp_runs():
+        log_run(client, experiment_id, params, [], final, tags={**tags, MLFLOW_PARENT_RUN_ID: parent})
+    if deleted == "run":  # in the MLflow UI: the report would be logged where none sees it
+        client.delete_run(parent)
+        fix = f"mlflow runs restore --run-id {parent}"
+    else:  # its children too: "no child runs" would name the wrong cause
+        client.delete_experiment(experiment_id)
+        fix = f"mlflow experiments restore --experiment-id {experiment_id}: it was deleted with its experiment"
+    with pytest.raises(UsageError) as raised:
+        report(report_config(f"parent={parent}", f"mlflow.tracking_uri={uri}", f"out={tmp_path}/r"))
+    assert str(raised.value) == f"parent={parent}: run {parent} was deleted from {uri}: restore it to report it ({fix})"
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_deleted_experiment_is_one_line_with_the_command_that_restores_it(tmp_path):
+    client, uri, experiment_id = store_with(tmp_path, "medsweep", amp_runs())
+    client.delete_experiment(experiment_id)
+    with pytest.raises(UsageError) as raised:
+        report(report_config("mlflow.experiment=medsweep", f"mlflow.tracking_uri={uri}", f"out={tmp_path}/r"))
+    assert str(raised.value) == (
+        f"mlflow.experiment=medsweep was deleted from {uri}: restore it (mlflow experiments restore --experiment-id "
+        f"{experiment_id}) to report it"
+    )
+
+
+def test_runs_of_other_code_or_machines_are_named_once_at_the_top(tmp_path):
+    runs = amp_runs()
+    for i, (_, _, tags) in enumerate(runs):  # a sweep resumed after an edit of the code, and over two hosts
+        tags.update({"code_fingerprint": "old" if i == 0 else "new", "host": f"node{i % 2}"})
+    _, uri, _ = store_with(tmp_path, "medsweep", runs)
+    out = report(report_config("mlflow.experiment=medsweep", f"mlflow.tracking_uri={uri}", f"out={tmp_path}/r"))
+    markdown = (out / "report.md").read_text()
+    assert markdown.count("Not like for like") == 1
+    assert (
+        "the finished runs differ in `code_fingerprint` new (3 runs), old (1 run); `host` node0 (2 runs), node1 "
+        "(2 runs)." in markdown
+    )
+    assert markdown.index("Not like for like") < markdown.index("## Configurations")
+    untagged = pd.DataFrame({tag: ["", ""] for tag in PROVENANCE})  # runs logged before these tags: not told apart
+    assert mixed_note(untagged.assign(host="node0")) == ""
+
+
+def test_a_report_run_again_registers_its_model_once(tmp_path, request):
+    request.addfinalizer(lambda: mlflow.set_tracking_uri(None))  # register= sets it (and its variable) in-process
+    client, uri, experiment_id = store_with(tmp_path, "medsweep", [])
+    run_id = log_run(client, experiment_id, {"amp": "True"}, [{"val/auc": 0.9}], {"test/auc": 0.8})
+    model = client.create_logged_model(experiment_id, source_run_id=run_id, name="model")
+    client.log_outputs(run_id, [LoggedModelOutput(model.model_id, 0)])
+    for out in ("r1", "r2"):  # the second: rerun as the error of a report that could not be logged says
+        report(
+            report_config(
+                "mlflow.experiment=medsweep", f"mlflow.tracking_uri={uri}", f"out={tmp_path / out}", "register=best"
+            )
+        )
+    (version,) = client.search_model_versions("name = 'best'")
+    assert (int(version.version), version.source) == (1, f"models:/{model.model_id}")
+
+
+def test_a_param_named_as_a_column_of_the_runs_table_does_not_overwrite_it(tmp_path):
+    logged = [({**params, "status": "FAILED", "run_id": "x"}, final, tags) for params, final, tags in amp_runs()]
+    client, _, experiment_id = store_with(tmp_path, "medsweep", logged)
+    frame = run_frame(client, search_all(client, experiment_id))
+    assert set(frame["status"]) == {"FINISHED"}  # not "FAILED": nothing to compare
+    assert frame["run_id"].str.fullmatch("[0-9a-f]{32}").all()

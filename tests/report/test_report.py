@@ -31,6 +31,7 @@ from src.report.analysis import (
     EFFECT_COLUMNS,
     MEMORY_EFFECT,
     MIN_TIMED_STEPS,
+    PROVENANCE,
     SPEED_EFFECT,
     STARTED,
     STEPS_TIMED,
@@ -365,7 +366,12 @@ def as_run_frame(runs: pd.DataFrame) -> pd.DataFrame:
     """Hand-made runs as ``run_frame`` gives them: ids, FINISHED, started in turn, every metric (NaN unless given),
     and as runs logged before steps were counted and runs tagged (not contended, steps, precision and configuration
     unknown) unless given."""
-    defaults = {**dict.fromkeys(METRICS, np.nan), STEPS_TIMED: np.nan, CONTENDED: False, DTYPE: "", CONFIG_HASH: ""}
+    defaults = {
+        **dict.fromkeys(METRICS, np.nan),
+        STEPS_TIMED: np.nan,
+        CONTENDED: False,
+        **dict.fromkeys([DTYPE, CONFIG_HASH, *PROVENANCE], ""),
+    }
     return runs.assign(
         run_id=[f"run{i}" for i in range(len(runs))],
         **{STARTED: range(len(runs))},

@@ -367,6 +367,16 @@ def bad_cases(root: Path) -> dict[str, tuple[tuple[str, ...], str]]:
             (),
             f"{csv}: volumes of mixed dimensionality: a0.nii.gz (line 2) is 3-D (12, 12, 12), b0.nii.gz (line 3)",
         ),
+        "no-voxels": ((), f"{csv} line 3: b0.nii.gz holds no voxels (shape (12, 0, 12)): replace it, or drop the row"),
+        "complex": (
+            (),
+            f"{csv} line 3: b0.nii.gz holds complex64 voxels, not real numbers: save it as real values (the magnitude",
+        ),
+        "repeated-column": (
+            (),
+            f"{csv} has columns ['image', 'label', 'label', '', ''], label more than once: keep one column of each "
+            "name",
+        ),
     }
 
 
@@ -426,6 +436,12 @@ def prepare(root: Path, case: str) -> None:
             save(root / image, noise(0, (12, 12)))
     elif case == "mixed":
         save(root / "b0.nii.gz", noise(0, (12, 12)))
+    elif case == "no-voxels":
+        save(root / "b0.nii.gz", noise(0, (12, 0, 12)))
+    elif case == "complex":  # MONAI would keep the real part, with a warning
+        nib.save(nib.Nifti1Image(noise(0).astype(np.complex64), np.eye(4)), root / "b0.nii.gz")
+    elif case == "repeated-column":  # csv.DictReader would keep the last: the splits as labels
+        write_csv(root, [[*row, "", ""] for row in rows], header="image,label,label,,")  # unnamed ones are no repeat
 
 
 CASES = list(bad_cases(Path("/")))
@@ -445,6 +461,18 @@ def test_a_volume_with_nan_or_infinite_voxels_is_refused_and_no_cache_written(tm
         f"value), or drop the row"
     )
     assert list(npz_path(cfg).parent.glob(f"*{npz_path(cfg).stem}*")) == []  # no cache, no partial file
+
+
+def test_a_volume_cut_short_is_named_by_nibabels_error_not_monais(tmp_path):
+    six(tmp_path)
+    whole = (tmp_path / "b1.nii.gz").read_bytes()
+    (tmp_path / "b1.nii.gz").write_bytes(whole[: len(whole) // 2])  # its header reads: the voxels do not
+    cfg = nifti(tmp_path, "data.size=16")
+    assert not check_file(cfg)
+    assert refusal(ensure, cfg) == (
+        f"{tmp_path / CSV} line 5: {tmp_path / 'b1.nii.gz'} is not a volume nibabel reads (Compressed file ended "
+        f"before the end-of-stream marker was reached): replace it, or drop the row"
+    )
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -57,7 +57,7 @@ def command(
             except (UsageError, InterpolationResolutionError) as err:  # the command's end releases its folder
                 exit_with(err if isinstance(err, UsageError) else one_line(err))
 
-        return reporting_composition_errors(main, sweeps)
+        return reporting_composition_errors(main, config_name, sweeps)
 
     return decorate
 
@@ -90,7 +90,9 @@ def one_line(err: Exception) -> UsageError:
     return UsageError(f"{key}: {line}" if key else line)
 
 
-def reporting_composition_errors(hydra_main: Callable[..., Any], sweeps: bool = True) -> Callable[..., Any]:
+def reporting_composition_errors(
+    hydra_main: Callable[..., Any], config_name: str, sweeps: bool = True
+) -> Callable[..., Any]:
     """Hydra prints a failed composition over several lines and exits 1: make it one ``error:`` line, exit 2; Ctrl-C
     outside a job one line, exit 130, not a traceback. With ``HYDRA_FULL_ERROR=1`` set by the user, Hydra's own report
     stands. At the end, the folders the command claimed and left as Hydra made them go (:func:`release_claimed`)."""
@@ -101,20 +103,20 @@ def reporting_composition_errors(hydra_main: Callable[..., Any], sweeps: bool = 
         try:
             if os.environ.get(FULL_ERROR) == "1":
                 return hydra_main(*args)
-            return one_line_errors(hydra_main, sweeps, *args)
+            return one_line_errors(hydra_main, config_name, sweeps, *args)
         finally:
             release_claimed()
 
     return run
 
 
-def one_line_errors(hydra_main: Callable[..., Any], sweeps: bool, *args: Any) -> Any:
-    """``hydra_main(*args)`` with Hydra's errors raised (``HYDRA_FULL_ERROR``), each printed as one line; ``-m``
-    refused unless the command ``sweeps``."""
+def one_line_errors(hydra_main: Callable[..., Any], config_name: str, sweeps: bool, *args: Any) -> Any:
+    """``hydra_main(*args)`` on ``conf/<config_name>.yaml`` with Hydra's errors raised (``HYDRA_FULL_ERROR``), each
+    printed as one line; ``-m`` refused unless the command ``sweeps``."""
     previous = os.environ.get(FULL_ERROR)
     os.environ[FULL_ERROR] = "1"
     try:
-        sys.argv[1:] = hydra_arguments(sys.argv[1:])
+        sys.argv[1:] = hydra_arguments(sys.argv[1:], config_name)
         if not sweeps and {"-m", "--multirun"} & set(sys.argv[1:]):
             raise UsageError("-m: this command runs once, not as a sweep: give no -m")
         return hydra_main(*args)
@@ -141,20 +143,29 @@ HELP = ("-h", "--help", "--hydra-help", "--version")  # Hydra prints and exits
 SHELL_SUBCOMMANDS = ("install", "uninstall", "query")  # of --shell-completion
 
 
-def hydra_arguments(argv: list[str]) -> list[str]:
-    """``argv`` with Hydra's switches placed before the overrides, where its parser wants them (``model=x -m seed=0,1``
-    is ``-m model=x seed=0,1``); a :class:`UsageError` naming what Hydra refuses (an unknown flag, a flag without its
-    value, two modes), in place of its usage lines or traceback."""
+def hydra_arguments(argv: list[str], own: str) -> list[str]:
+    """``argv`` with Hydra's flags (and their values) placed before the overrides, where its parser wants them
+    (``model=x -m seed=0,1`` is ``-m model=x seed=0,1``, ``seed=1 --cfg job amp=true`` is ``--cfg job seed=1
+    amp=true``), and ``--info`` without its value after them (``--info seed=1`` is ``seed=1 --info``); a
+    :class:`UsageError` naming what Hydra refuses (an unknown flag, a flag without its value, two modes), in place of
+    its usage lines or traceback; or a primary config other than the command's ``conf/<own>.yaml``."""
     parser = get_args_parser()
     parser.error = refuse  # type: ignore[method-assign]  # argparse's own: usage lines, then exit 2
     flags = parser._option_string_actions  # each flag of Hydra's parser, its action
-    valued = {flag for flag, action in flags.items() if action.nargs != 0}  # --cfg job, -cn name, --info [what]
-    switches = [
-        i
-        for i, arg in enumerate(argv)
-        if arg in flags and flags[arg].nargs == 0 and arg not in HELP and not (i and argv[i - 1] in valued)
-    ]
-    ordered = [argv[i] for i in switches] + [arg for i, arg in enumerate(argv) if i not in switches]
+    moved: list[int] = []  # the flags' places, each followed by its value's: --cfg job, -cn name, --info config
+    last: list[int] = []  # a flag whose value is optional, given none (--info seed=1): after the overrides
+    for i, arg in enumerate(argv):
+        if arg not in flags or arg in HELP or (moved and moved[-1] == i):  # an override, or a flag's value
+            continue
+        follows, nargs = argv[i + 1 : i + 2], flags[arg].nargs
+        value_follows = bool(follows) and "=" not in follows[0] and not follows[0].startswith("-")  # not an override
+        valued = (bool(follows) and nargs is None) or (nargs == "?" and value_follows)
+        if nargs == "?" and not valued:
+            last.append(i)
+        else:
+            moved += [i, i + 1] if valued else [i]
+    overrides = [arg for i, arg in enumerate(argv) if i not in moved + last]
+    ordered = [argv[i] for i in moved] + overrides + [argv[i] for i in last]
     parsed = parser.parse_args([arg for arg in ordered if arg not in HELP])
     check_group_choices(parsed.overrides)
     modes = {
@@ -168,6 +179,12 @@ def hydra_arguments(argv: list[str]) -> list[str]:
         refuse(f"{' and '.join(given)} together: give one of them")
     if parsed.resolve and parsed.cfg is None and not set(HELP) & set(argv):
         refuse("--resolve works with --cfg or --help only")
+    if parsed.config_path is not None or parsed.config_name not in (None, own):
+        given = f"-cp {parsed.config_path}" if parsed.config_path is not None else f"-cn {parsed.config_name}"
+        raise UsageError(
+            f"{given}: this command composes conf/{own}.yaml, whose Hydra settings it relies on: drop it (a recipe "
+            f"of your own: --config-dir <folder> holding experiment/<name>.yaml, then experiment=<name>)"
+        )
     if parsed.experimental_rerun is not None:
         refuse("--experimental-rerun: use rerun=<MLflow run id>, which trains a logged run's config again")
     if parsed.shell_completion:

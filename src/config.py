@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from typing import Any
 
@@ -33,8 +33,10 @@ CHANNELS_MAX = 1024  # input channels of a volume: past any modality stack
 CLASSES_MAX = 100_000  # a classifier's outputs: past any label set
 WORKERS_MAX = 64  # DataLoader worker processes of a rank
 EXPERIMENT_NAME_MAX, TAG_KEY_MAX = 500, 250  # MLflow's limits (mlflow.utils.validation), checked before it loads
+PARAM_VALUE_MAX = 6000  # ... and a param value's: MLflow cut a longer one, so the run's params were not its config
 MODEL_NAME_BANNED = ("/", ":")  # in a registered model's name, as mlflow.utils.validation (. and ..*: ReportConfig)
 SAMPLE_INTERVAL_MIN_S = 1.0  # MLflow's system metrics: shorter intervals slowed training (docs/benchmarks.md)
+SAMPLE_INTERVAL_MAX_S = 86_400.0  # a sample a day; past threading.TIMEOUT_MAX MLflow's sampling thread failed
 
 
 def within(
@@ -314,7 +316,7 @@ class AugConfig:
         within("aug.affine_translate", self.affine_translate, 0, 1, "[]", fix=" (shift in +- affine_translate sides)")
         within("aug.intensity_scale", self.intensity_scale, 0, 1, fix=" (contrast 1 +- intensity_scale)")
         within("aug.intensity_shift", self.intensity_shift, 0, 1, "[]", fix=" (brightness on the [-1, 1] scale)")
-        within("aug.noise_std", self.noise_std, 0, fix=" (on the [-1, 1] scale)")
+        within("aug.noise_std", self.noise_std, 0, 1, "[]", fix=" (on the [-1, 1] scale)")
 
 
 @dataclass
@@ -338,8 +340,9 @@ class OptimConfig:
             )
         within_each("optim.betas", self.betas, 0, 1, count=2, what="Adam's beta1 and beta2, e.g. [0.9,0.999]")
         ignores = f"optim={self.name.value}"
-        unread = {"betas": (ignores, "optim=adam or adamw")} if self.name is OptimName.sgd else {}
-        check_unread("optim", self, unread or {"momentum": (ignores, "optim=sgd")})
+        sgd = self.name is OptimName.sgd
+        unread = {"betas": (ignores, "optim=adam or adamw")} if sgd else {"momentum": (ignores, "optim=sgd")}
+        check_unread("optim", self, unread)
 
 
 @dataclass
@@ -360,7 +363,7 @@ class SchedConfig:
         within("sched.gamma", self.gamma, 0, 1, "(]", fix=" (the factor at each milestone)")
         within("sched.min_lr", self.min_lr, 0)
         within("sched.base_lr", self.base_lr, 0, ends="()")
-        within("sched.cycle_epochs", self.cycle_epochs, 0, ends="()")
+        within("sched.cycle_epochs", self.cycle_epochs, 0, COUNT_MAX, "(]")  # steps per cycle: an int, for torch
         readers = {"milestones": "multistep", "gamma": "multistep", "min_lr": "cosine"}
         readers |= {"base_lr": "cyclic", "cycle_epochs": "cyclic"}
         ignores = f"sched={self.name.value}"
@@ -436,7 +439,8 @@ class MlflowConfig(StoreConfig):
         filled("mlflow.experiment", self.experiment)
         not_longer("mlflow.experiment", self.experiment, EXPERIMENT_NAME_MAX, "MLflow's limit for an experiment name")
         fix = " (each sample writes to the store: 0.001 s slowed training 2.6x, docs/benchmarks.md)"
-        within("mlflow.system_metrics_interval_s", self.system_metrics_interval_s, SAMPLE_INTERVAL_MIN_S, fix=fix)
+        low, high = SAMPLE_INTERVAL_MIN_S, SAMPLE_INTERVAL_MAX_S
+        within("mlflow.system_metrics_interval_s", self.system_metrics_interval_s, low, high, "[]", fix=fix)
 
 
 @dataclass
@@ -516,6 +520,7 @@ class Config:
         filled("resume", self.resume, null=True)
         check_tags(self.tags)
         check_schedule(self)
+        check_param_lengths(self)
 
 
 @dataclass
@@ -557,6 +562,16 @@ class ReportConfig:
         for key in ("speed_margin", "memory_margin"):
             within(key, getattr(self, key), 0, 1, "[]", fix=" (a fraction of the baseline: 0.05 is 5%)")
         check_tags(self.tags)
+
+
+def check_param_lengths(node: Any, prefix: str = "") -> None:
+    """Each key of ``node`` (a schema dataclass) is one MLflow param of a run: its value as text, at most
+    :data:`PARAM_VALUE_MAX` characters."""
+    for key in fields(node):
+        if is_dataclass(value := getattr(node, key.name)):
+            check_param_lengths(value, f"{prefix}{key.name}.")
+        else:
+            not_longer(f"{prefix}{key.name}", str(value), PARAM_VALUE_MAX, "MLflow's limit for a param value")
 
 
 def check_schedule(cfg: Config) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from src.atomic import is_temporary
 from src.errors import UsageError, exit_with
@@ -104,6 +104,18 @@ def writable(folder: Path, what: str, fix: str = "give a folder this process can
                 path.rmdir()
 
 
+def check_hydra_files(hydra: DictConfig, folder: Path) -> None:
+    """Where Hydra writes a run's or a job's own files writable: ``hydra.output_subdir`` in ``folder``, and each log
+    handler's ``filename`` that resolves now (one in ``hydra.runtime.output_dir`` is in ``folder``). Hydra failed on
+    them with a traceback."""
+    if (subdir := OmegaConf.select(hydra, "output_subdir", default=None)) is not None:
+        writable(folder / subdir, f"hydra.output_subdir={subdir}")
+    for name, handler in (OmegaConf.select(hydra, "job_logging.handlers", default=None) or {}).items():
+        filename = OmegaConf.select(handler, "filename", default=None, throw_on_resolution_failure=False)
+        if filename:
+            writable(Path(filename).parent, f"hydra.job_logging.handlers.{name}.filename={filename}")
+
+
 def check_no_chdir(config: DictConfig) -> None:
     """A :class:`UsageError` for ``hydra.job.chdir=true``: a job reads relative paths from the command's working
     directory, and writes its files into its own folder without changing to it."""
@@ -138,16 +150,23 @@ def follower_rank() -> bool:
 
 class RunFolder(Callback):
     """Hydra callback: a run's folder (``hydra.run.dir``) it cannot write is one ``error:`` line before Hydra makes
-    it (a sweep's folder: :class:`src.jobs.sweep.Sweep`)."""
+    it (a sweep's folder: :class:`src.jobs.sweep.Sweep`); with ``run=False`` (a command that writes nothing there,
+    whose folder is ``.``) only one that does not exist and cannot be made."""
+
+    def __init__(self, run: bool = True) -> None:
+        self.run = run
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         outside_sweep()
         try:
-            check_no_chdir(config)
             folder, what = Path(config.hydra.run.dir), f"hydra.run.dir={config.hydra.run.dir}"
-            if not follower_rank():
-                check_own_folder(folder, what if config.hydra.run.dir else f"{what} (the working directory)")
-            writable(folder, what)
+            if self.run:
+                check_no_chdir(config)
+                if not follower_rank():
+                    check_own_folder(folder, what if config.hydra.run.dir else f"{what} (the working directory)")
+            if self.run or not folder.is_dir():
+                writable(folder, what)
+            check_hydra_files(config.hydra, folder)
         except UsageError as err:
             exit_with(err)
 

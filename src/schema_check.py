@@ -27,17 +27,32 @@ def schema_fields(node: Any) -> list[str] | None:
     return [field.name for field in dataclasses.fields(schema)] if dataclasses.is_dataclass(schema) else None
 
 
-def unknown_keys(node: DictConfig, path: str = "") -> Iterator[tuple[str, DictConfig]]:
-    """``(dotted key, the typed node holding it)`` for each key outside its node's dataclass."""
-    fields = schema_fields(node)
+def dotted(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def typed_nodes(node: DictConfig, path: str = "") -> Iterator[tuple[str, DictConfig, list[str]]]:
+    """``(dotted path, node, its dataclass's fields)`` for ``node`` and each node under it typed with a dataclass,
+    Hydra's own settings left out."""
+    if (fields := schema_fields(node)) is not None:
+        yield path, node, fields
     for key in node:
-        full = f"{path}.{key}" if path else str(key)
-        if full == HYDRA_NODE:
-            continue
-        if fields is not None and key not in fields:
-            yield full, node
-        elif isinstance(child := node._get_node(key), DictConfig):
-            yield from unknown_keys(child, full)
+        if dotted(path, key) != HYDRA_NODE and isinstance(child := node._get_node(key), DictConfig):
+            yield from typed_nodes(child, dotted(path, key))
+
+
+def unknown_keys(cfg: DictConfig) -> Iterator[tuple[str, DictConfig]]:
+    """``(dotted key, the typed node holding it)`` for each key outside its node's dataclass."""
+    for path, node, fields in typed_nodes(cfg):
+        yield from ((dotted(path, key), node) for key in node if key not in fields and dotted(path, key) != HYDRA_NODE)
+
+
+def deleted_keys(cfg: DictConfig) -> Iterator[str]:
+    """The dotted keys of a dataclass's fields that ``~key`` deleted from their node (a mandatory value that is
+    missing is still there: its own error)."""
+    for path, node, fields in typed_nodes(cfg):
+        kept = set(node)
+        yield from (dotted(path, name) for name in fields if name not in kept)
 
 
 def override_key(override: str) -> str:
@@ -65,6 +80,12 @@ def check_known_keys(cfg: DictConfig, overrides: Sequence[str]) -> None:
     (Hydra composes swept values only per job, after a sweep has started: its key is followed through ``cfg``)."""
     for key, node in unknown_keys(cfg):
         raise UsageError(unknown_key_message(key, node._metadata.object_type, overrides))
+    for key in deleted_keys(cfg):
+        given = next((o for o in overrides if o.startswith("~") and override_key(o) == key), f"~{key}")
+        raise UsageError(
+            f"{given}: a key of the schema cannot be deleted (the job would run on its default, logged without "
+            f"it): set {key} to the value wanted, or drop {given}"
+        )
     for key in swept_keys(overrides):
         _check_path(cfg, key, overrides)
 

@@ -3,6 +3,7 @@ is one ``error:`` line (exit 2), not its usage lines or a traceback."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -20,14 +21,18 @@ from tests.helpers import ROOT, run_cli, runs, small_run
     [
         (["model=resnet10", "-m", "seed=0,1"], ["-m", "model=resnet10", "seed=0,1"]),
         (["seed=0,1", "--multirun"], ["--multirun", "seed=0,1"]),
-        (["seed=1", "--resolve", "--cfg", "job"], ["--resolve", "seed=1", "--cfg", "job"]),
+        (["seed=1", "--resolve", "--cfg", "job"], ["--resolve", "--cfg", "job", "seed=1"]),
+        (["seed=1", "--cfg", "job", "amp=true"], ["--cfg", "job", "seed=1", "amp=true"]),  # was: unrecognized amp=true
+        (["seed=1", "-cn", "config", "amp=true", "--info"], ["-cn", "config", "seed=1", "amp=true", "--info"]),
+        (["--info", "seed=1"], ["seed=1", "--info"]),  # was: invalid choice 'seed=1'
+        (["--info", "config", "seed=1"], ["--info", "config", "seed=1"]),
         (["--cfg", "job", "-p", "model"], ["--cfg", "job", "-p", "model"]),
         (["seed=1", "--help"], ["seed=1", "--help"]),
         ([], []),
     ],
 )
 def test_hydra_switches_go_before_the_overrides(argv, ordered):
-    assert hydra_arguments(argv) == ordered
+    assert hydra_arguments(argv, "config") == ordered
 
 
 @pytest.mark.parametrize(
@@ -47,21 +52,33 @@ def test_hydra_switches_go_before_the_overrides(argv, ordered):
 )
 def test_what_hydra_refuses_is_one_usage_error(argv, message):
     with pytest.raises(UsageError) as refused:
-        hydra_arguments(argv)
+        hydra_arguments(argv, "config")
     assert str(refused.value).startswith(message)
     assert str(refused.value).endswith("(the overrides are key=value; --help lists the flags)")
+
+
+@pytest.mark.parametrize("argv,given", [(["-cn", "memory"], "-cn memory"), (["seed=1", "-cp", "/tmp"], "-cp /tmp")])
+def test_a_primary_config_other_than_the_commands_is_refused(argv, given):
+    """``src.train -cn memory`` took src.memory's Hydra settings: it trained into the working directory."""
+    line = (
+        f"{given}: this command composes conf/config.yaml, whose Hydra settings it relies on: drop it (a recipe of "
+        "your own: --config-dir <folder> holding experiment/<name>.yaml, then experiment=<name>)"
+    )
+    with pytest.raises(UsageError, match=f"^{re.escape(line)}$"):
+        hydra_arguments(argv, "config")
+    assert hydra_arguments(["-cn", "config", "seed=1"], "config") == ["-cn", "config", "seed=1"]
 
 
 @pytest.mark.parametrize("argv", [["model=[resnet10,resnet18]"], ["-m", "model=[resnet10,resnet18],resnet34"]])
 def test_a_list_of_a_groups_options_is_refused(argv):
     """Hydra merges a list of a group's options into one config, the last one's values winning."""
     with pytest.raises(UsageError, match=r"model takes one option, and a list of them merges them into one"):
-        hydra_arguments(argv)
+        hydra_arguments(argv, "config")
 
 
 @pytest.mark.parametrize("argv", [["-m", "preset=[seeds,models]"], ["-m", "model=glob(resnet1*)"], ["aug=standard"]])
 def test_presets_merge_as_a_list_and_a_glob_sweeps_options(argv):
-    assert hydra_arguments(argv) == argv
+    assert hydra_arguments(argv, "config") == argv
 
 
 def test_the_sweepers_params_added_on_the_command_line_are_swept(tmp_path, store, shared_data):

@@ -19,6 +19,7 @@ from src.cli import check_values
 from src.config import (
     EXPERIMENT_NAME_MAX,
     MODEL_NAME_BANNED,
+    PARAM_VALUE_MAX,
     TAG_KEY_MAX,
     Activation,
     AmpDtype,
@@ -247,6 +248,28 @@ def test_keys_forced_with_plus_are_refused_at_any_depth(override, line):
         check_known_keys(cfg, [override])
 
 
+@pytest.mark.parametrize("override,key", [("~seed", "seed"), ("~seed=0", "seed"), ("~mlflow", "mlflow")])
+def test_a_schema_key_deleted_with_tilde_is_refused(override, key):
+    """The job ran on the key's default, logged without it: under another config hash than the default's (``~seed``),
+    or to the default store (``~mlflow``, after ``mlflow.tracking_uri=...``)."""
+    cfg = compose_config(override)  # Hydra composes it: the schema check refuses it
+    line = (
+        f"{override}: a key of the schema cannot be deleted (the job would run on its default, logged without it): "
+        f"set {key} to the value wanted, or drop {override}"
+    )
+    with pytest.raises(UsageError, match=f"^{re.escape(line)}$"):
+        check_known_keys(cfg, [override])
+
+
+@pytest.mark.parametrize(
+    "negative,zero",
+    [("optim.weight_decay=-0.0", "optim.weight_decay=0"), ("optim.betas=[-0.0,0.9]", "optim.betas=[0,0.9]")],
+)
+def test_negative_zero_is_zeros_run(negative, zero):
+    """-0.0 == 0: the same params, hence one config hash (skip_finished skips the other's run)."""
+    assert flatten(compose_config(negative)) == flatten(compose_config(zero))
+
+
 def compose_report(*overrides: str):
     """The real Hydra composition of ``conf/report.yaml`` (``python -m src.report``) with ``overrides``."""
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
@@ -438,7 +461,8 @@ BAD_VALUES = [
     ("aug.affine_translate=1.5", "aug.affine_translate=1.5 must be in [0, 1] (shift in +- affine_translate sides)"),
     ("aug.intensity_scale=1", "aug.intensity_scale=1.0 must be in [0, 1) (contrast 1 +- intensity_scale)"),
     ("aug.intensity_shift=-0.1", "aug.intensity_shift=-0.1 must be in [0, 1] (brightness on the [-1, 1] scale)"),
-    ("aug.noise_std=-0.1", "aug.noise_std=-0.1 must be >= 0 (on the [-1, 1] scale)"),
+    ("aug.noise_std=-0.1", "aug.noise_std=-0.1 must be in [0, 1] (on the [-1, 1] scale)"),
+    ("aug.noise_std=1e308", "aug.noise_std=1e+308 must be in [0, 1] (on the [-1, 1] scale)"),  # diverged mid-run
     ("optim.lr=-0.1", "optim.lr=-0.1 must be >= 0 (0 freezes the weights)"),
     ("optim.weight_decay=-1", "optim.weight_decay=-1.0 must be >= 0"),
     ("optim.momentum=1", "optim.momentum=1.0 must be in [0, 1)"),
@@ -485,7 +509,8 @@ BAD_VALUES = [
         "sched=cyclic optim.lr=0",
         "sched.base_lr=0.0001 must be in (0, 0.0): the cycle's bottom, below optim.lr (its top)",
     ),
-    ("sched.cycle_epochs=0", "sched.cycle_epochs=0.0 must be > 0"),
+    ("sched.cycle_epochs=0", "sched.cycle_epochs=0.0 must be in (0, 2147483647]"),
+    ("sched=cyclic sched.cycle_epochs=1e308", "sched.cycle_epochs=1e+308 must be in (0, 2147483647]"),  # overflowed
     ("sched=cyclic warmup_epochs=1", CYCLIC_WARMUP),
     ("parallel.nproc=0", "parallel.nproc=0 must be in [1, 2147483647] or null"),
     ("parallel.timeout_s=0", "parallel.timeout_s=0 must be in [1, 2147483647]"),
@@ -496,10 +521,20 @@ BAD_VALUES = [
     ("fault.oom_step=0", "fault.oom_step=0 must be >= 1 or null"),
     ("fault.oom_min_batch=0", "fault.oom_min_batch=0 must be >= 1"),
     ("mlflow.experiment=", "mlflow.experiment='' must be a non-blank string"),
+    (f"aug.name={'x' * 6001}", "aug.name is 6001 characters long: at most 6000 (MLflow's limit for a param value)"),
+    (
+        f"tags=[{','.join(f't{i:04d}' for i in range(700))}]",  # MLflow cut the run's tags param
+        "tags is 6300 characters long: at most 6000 (MLflow's limit for a param value)",
+    ),
     (
         "mlflow.system_metrics_interval_s=0.001",
-        "mlflow.system_metrics_interval_s=0.001 must be >= 1.0 (each sample writes to the store: 0.001 s slowed "
-        "training 2.6x, docs/benchmarks.md)",
+        "mlflow.system_metrics_interval_s=0.001 must be in [1.0, 86400.0] (each sample writes to the store: 0.001 s "
+        "slowed training 2.6x, docs/benchmarks.md)",
+    ),
+    (
+        "mlflow.system_metrics_interval_s=1e308",  # MLflow's sampling thread failed on it, and sampled nothing
+        "mlflow.system_metrics_interval_s=1e+308 must be in [1.0, 86400.0] (each sample writes to the store: 0.001 s "
+        "slowed training 2.6x, docs/benchmarks.md)",
     ),
 ]
 
@@ -593,6 +628,8 @@ def test_names_paths_and_uris_refuse_a_blank_string(compose_with, key, null):
         "sched=cyclic sched.base_lr=0.0009",
         "seed=4294967295",
         "aug.affine_p=0 aug.affine_degrees=180 aug.affine_translate=1 aug.noise_std=0",
+        "aug.noise_std=1 mlflow.system_metrics_interval_s=86400",
+        "sched=cyclic sched.cycle_epochs=2147483647",
         "data.url=file:///tmp/a.npz",
         "data.url=https://zenodo.org/records/1/files/a.npz",
         "data=synthetic data.task=multi-class data.num_classes=3",
@@ -635,6 +672,7 @@ def test_the_name_limits_are_mlflows():
 
     assert EXPERIMENT_NAME_MAX == validation.MAX_EXPERIMENT_NAME_LENGTH
     assert TAG_KEY_MAX == validation.MAX_ENTITY_KEY_LENGTH
+    assert PARAM_VALUE_MAX == validation.MAX_PARAM_VAL_LENGTH
     for banned in MODEL_NAME_BANNED:
         with pytest.raises(MlflowException, match="Invalid model name"):
             validation._validate_model_name(f"best{banned}model")

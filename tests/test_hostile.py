@@ -87,6 +87,17 @@ CASES = {  # name: (module, overrides as one string); {tmp}, {store} and {data} 
     "a store in a folder that takes no files": ("src.train", "mlflow.tracking_uri=sqlite:////proc/medsweep.db"),
     "a sweep with no jobs": ("src.train", "-m seed=range(42,42)"),
     "a job folder that cannot be written": ("src.train", "-m seed=0,1 hydra.sweep.subdir=/proc/x"),
+    "Hydra's config copy where none can be written": ("src.train", "hydra.output_subdir=/proc/x"),
+    "a report's Hydra folder that cannot be made": ("src.report", "hydra.run.dir=/proc/x mlflow.experiment=medsweep"),
+    "a summary's Hydra folder that cannot be made": ("src.summary", "hydra.run.dir=/proc/x"),
+    "a memory table's Hydra folder that cannot be made": ("src.memory", "hydra.run.dir=/proc/x"),
+    "a volume cache's Hydra folder that cannot be made": ("src.volumes", "hydra.run.dir=/proc/x"),
+    "a sweep's config copies where none can be written": ("src.train", "-m seed=0,1 hydra.output_subdir=/proc/x"),
+    "a log file where none can be written": ("src.train", "hydra.job_logging.handlers.file.filename=/proc/x/a.log"),
+    "a sweep's log files where none can be written": (
+        "src.train",
+        "-m seed=0,1 hydra.job_logging.handlers.file.filename=/proc/x/a.log",
+    ),
     "a group set to null": ("src.train", "model=null"),
     "a list of models": ("src.train", "model=[resnet10,resnet18]"),
     "a preset's sweep without -m": ("src.train", "preset=seeds"),
@@ -95,6 +106,14 @@ CASES = {  # name: (module, overrides as one string); {tmp}, {store} and {data} 
     "a job in the sweep's own folder": ("src.train", "-m seed=0,1 hydra.sweep.subdir="),
     "an interval sweep without Optuna": ("src.train", "-m seed=interval(0,3)"),
     "a config folder that does not exist": ("src.train", "-cd /no/such/folder"),
+    "another command's config": ("src.train", "-cn memory"),  # trained into the working directory
+    "a config path without the schema": ("src.train", "-cp {tmp}"),
+    "a schema key deleted": ("src.train", "~seed"),  # trained seed 0 under another hash than seed=0's
+    "the store's keys deleted": ("src.train", "~mlflow"),  # logged to the default store, not the one given
+    "a cycle past torch's step count": ("src.train", "sched=cyclic sched.cycle_epochs=1e308"),
+    "system metrics sampled never": ("src.train", "mlflow.system_metrics_interval_s=1e308"),
+    "noise past the intensity scale": ("src.train", "aug=standard aug.noise_std=1e308"),
+    "a value past MLflow's param length": ("src.train", "aug.name=" + "x" * 6001),  # MLflow cut the run's param
     "synthetic volumes past any memory": (
         "src.train",
         "data=synthetic data.synthetic_samples=[100000000,1,1] data.root={tmp}",

@@ -28,7 +28,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from src.cli import one_line
 from src.errors import UsageError, exit_with
-from src.folders import check_no_chdir, check_own_folder, writable
+from src.folders import check_hydra_files, check_no_chdir, check_own_folder, writable
 from src.jobs.sweep_checks import SweepJob, checked_jobs
 from src.parallel.preemption import exit_code
 from src.tracking.identity import run_name
@@ -95,6 +95,7 @@ def check_job_folders(sweep_dir: Path, jobs: list[SweepJob]) -> None:
         if folder in folders:
             raise UsageError(f"{what} is {folders[folder]}: {fix}")
         writable(folder, what)
+        check_hydra_files(job.hydra, folder)
         check_own_folder(folder, what)
         folders[folder] = f"job {job.num}'s folder"
     ordered = sorted(folders, key=lambda folder: str(folder).rstrip("/") + "/")  # a folder just before those inside

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from src.cli import check_values, one_line
 from src.errors import UsageError
+from src.parallel.machine_share import launcher_cpus
 from src.schema_check import check_known_keys, composition_error
 from src.tracking.identity import run_name
 
@@ -144,7 +144,7 @@ def checked_jobs(config: DictConfig) -> list[SweepJob]:
 def check_workers(config: DictConfig, handed: int) -> None:
     """joblib's ``n_jobs`` at most the jobs it is handed at once or this machine's CPUs: it starts that many worker
     processes (a typo's 1000 took the machine)."""
-    n_jobs, cpus = OmegaConf.select(config, "hydra.launcher.n_jobs", default=None), os.cpu_count() or 1
+    n_jobs, cpus = OmegaConf.select(config, "hydra.launcher.n_jobs", default=None), launcher_cpus()
     if isinstance(n_jobs, int) and n_jobs > max(handed, cpus):
         raise UsageError(
             f"hydra.launcher.n_jobs={n_jobs} worker processes for {handed} jobs at a time on {cpus} CPUs: give at most "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -74,7 +75,25 @@ def external_rank() -> Rank | None:
         )
     if world > 1 and (port := env_count("MASTER_PORT", 1)) > PORT_MAX:
         raise UsageError(f"MASTER_PORT={port} in the environment is no TCP port: give one <= {PORT_MAX}")
+    if world > 1 and rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        check_store_port(port)
     return Rank(rank, world, env_count("LOCAL_RANK", 0) or 0)
+
+
+def check_store_port(port: int) -> None:
+    """A :class:`UsageError` where rank 0 could not serve the ranks' store on ``port`` (torchrun's agent serves its
+    own): the rendezvous failed with a traceback after the run was created."""
+    with socket.socket() as probe:
+        probe.setsockopt(
+            socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
+        )  # as the store binds: a closed port's wait is no use
+        try:
+            probe.bind(("", port))
+        except OSError as err:
+            raise UsageError(
+                f"MASTER_PORT={port} in the environment cannot be served here ({err.strerror}), where rank 0 serves "
+                "the ranks' store: give a free port"
+            ) from None
 
 
 def env_count(name: str, least: int) -> int | None:

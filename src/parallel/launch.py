@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from src.folders import METRICS_FILE
 from src.parallel import dist
-from src.parallel.machine_share import gpu_jobs, jobs_at_once, sharing_gpu
+from src.parallel.machine_share import gpu_jobs, jobs_at_once, launcher_cpus, sharing_gpu
 from src.parallel.preemption import Preempted, Preemption, signals_blocked
 
 
@@ -101,7 +101,5 @@ def launcher_jobs(hydra_cfg: DictConfig, handed: int) -> int:
         return handed
     n_jobs = OmegaConf.select(hydra_cfg, "launcher.n_jobs", default=1)
     if n_jobs == -1:
-        import joblib  # the launcher's own count: affinity and CPU quotas
-
-        n_jobs = joblib.cpu_count()
+        n_jobs = launcher_cpus()
     return min(handed, n_jobs)

@@ -17,6 +17,13 @@ GPU_JOBS_ENV = "MEDSWEEP_GPU_JOBS"  # the jobs at once on this job's GPU, this o
 SHARE_ENV = "MEDSWEEP_GPU_SHARE"  # mps or none, where the jobs share GPUs (src.parallel.mps); each tags its run with it
 
 
+def launcher_cpus() -> int:
+    """The CPUs joblib's launcher counts for ``n_jobs=-1``: this process's affinity and CPU quota, not the machine's."""
+    import joblib  # only where a sweep's launcher is checked or sized
+
+    return joblib.cpu_count()
+
+
 def free_mb() -> float:
     """The memory free on this machine now (Linux's ``MemAvailable``), MiB."""
     return psutil.virtual_memory().available / 2**20

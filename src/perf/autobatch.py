@@ -181,7 +181,7 @@ def no_batch_fits(cfg: Config, budget: float) -> UsageError:
     checkpoints = "checkpointing" in MODELS[cfg.model.name].switches
     savers = "amp=true, model.checkpointing=true" if checkpoints else "amp=true"
     return UsageError(
-        f"batch_size=auto: no micro-batch fits mem_budget_mb={budget:.0f}: raise mem_budget_mb, "
+        f"batch_size=auto: no micro-batch fits {budget_room(cfg, budget, free_at_start_mb())}: raise mem_budget_mb, "
         f"or save memory ({savers})"
     )
 

@@ -58,9 +58,16 @@ def flatten(cfg: DictConfig) -> dict[str, str]:
     def walk(node: Any, prefix: str) -> dict[str, str]:
         if isinstance(node, dict):
             return {k: v for key, value in node.items() for k, v in walk(value, f"{prefix}{key}.").items()}
-        return {prefix[:-1]: str(node)}
+        return {prefix[:-1]: str(unsigned_zero(node))}
 
     return walk(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "")
+
+
+def unsigned_zero(value: Any) -> Any:
+    """``value`` with -0.0 (in a list too) as 0.0, the number it equals: ``optim.lr=-0.0`` is ``optim.lr=0``'s run."""
+    if isinstance(value, list):
+        return [unsigned_zero(item) for item in value]
+    return 0.0 if isinstance(value, float) and value == 0 else value
 
 
 def config_hash(params: dict[str, str]) -> str:

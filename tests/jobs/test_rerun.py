@@ -66,7 +66,7 @@ def test_unknown_runs_runs_without_a_config_and_result_keys_are_refused(tmp_path
     assert message.startswith(f"model cannot change next to rerun={empty}") and "data.root" in message
 
 
-def test_non_result_keys_replace_the_logged_ones(tmp_path, store):
+def test_non_result_keys_replace_the_logged_ones(tmp_path, store, capfd):
     client = ensure_store(store)
     logged = compose_config("model=resnet10", "seed=4", "data.root=/old", "mlflow.experiment=old")
     (tmp_path / ".hydra").mkdir()
@@ -78,6 +78,7 @@ def test_non_result_keys_replace_the_logged_ones(tmp_path, store):
     rebuilt, _ = rerun_config(compose_config(*overrides, f"mlflow.tracking_uri={store}"), overrides, store)
     assert (rebuilt.model.name, rebuilt.seed, rebuilt.data.root) == ("resnet10", 4, "/new")
     assert (rebuilt.mlflow.tracking_uri, rebuilt.mlflow.experiment, rebuilt.rerun) == (store, "old", None)
+    assert "Downloading artifacts" not in capfd.readouterr().err  # no tqdm bar before the job's log
 
 
 def test_a_rerun_takes_the_name_of_the_run_and_the_threads_it_trained_with(tmp_path, store):

@@ -19,7 +19,7 @@ import torch
 from src.data import SeededPermutation
 from src.errors import UsageError
 from src.parallel import dist
-from tests.helpers import ROOT, history, run_cli, run_process, runs, small_run
+from tests.helpers import ROOT, free_port, history, run_cli, run_process, runs, small_run
 
 
 def children(store: str) -> list[mlflow.entities.Run]:
@@ -228,17 +228,27 @@ def test_submitit_tasks_form_one_ddp_job(tmp_path, store, shared_data):
         ({"MASTER_ADDR": "127.0.0.1"}, "RANK=0 and WORLD_SIZE=2 in the environment without MASTER_PORT, where"),
         ({"MASTER_ADDR": "h", "MASTER_PORT": "70000"}, "MASTER_PORT=70000 in the environment is no TCP port"),
         ({"MASTER_ADDR": "h", "MASTER_PORT": "port"}, "MASTER_PORT=port in the environment must be a whole number"),
-        ({"MASTER_ADDR": "h", "MASTER_PORT": "29500"}, None),
+        ({"MASTER_ADDR": "h", "MASTER_PORT": "{free}"}, None),
+        (
+            {"MASTER_ADDR": "h", "MASTER_PORT": "{taken}"},
+            "MASTER_PORT={taken} in the environment cannot be served here",
+        ),
+        ({"MASTER_ADDR": "h", "MASTER_PORT": "{taken}", "RANK": "1"}, None),  # rank 0 serves the store
+        ({"MASTER_ADDR": "h", "MASTER_PORT": "{taken}", "TORCHELASTIC_USE_AGENT_STORE": "True"}, None),  # torchrun
     ],
 )
 def test_a_rank_set_by_hand_needs_where_the_ranks_meet(monkeypatch, environment, error):
-    """torch's env:// rendezvous failed with a traceback, after the run was created."""
-    for name in ("MASTER_ADDR", "MASTER_PORT", "SUBMITIT_EXECUTOR", "LOCAL_RANK"):
+    """torch's env:// rendezvous failed with a traceback, after the run was created ({taken}: a port a process
+    listens on, {free}: one none does)."""
+    for name in ("MASTER_ADDR", "MASTER_PORT", "SUBMITIT_EXECUTOR", "LOCAL_RANK", "TORCHELASTIC_USE_AGENT_STORE"):
         monkeypatch.delenv(name, raising=False)
-    for name, value in {"RANK": "0", "WORLD_SIZE": "2", **environment}.items():
-        monkeypatch.setenv(name, value)
-    if error is None:
-        assert dist.external_rank() == dist.Rank(0, 2, 0)
-        return
-    with pytest.raises(UsageError, match=f"^{re.escape(error)}"):
-        dist.external_rank()
+    with socket.create_server(("", 0)) as listening:
+        taken = str(listening.getsockname()[1])
+        environment = {"RANK": "0", "WORLD_SIZE": "2", **environment}
+        for name, value in environment.items():
+            monkeypatch.setenv(name, value.replace("{taken}", taken).replace("{free}", str(free_port())))
+        if error is None:
+            assert dist.external_rank() == dist.Rank(int(environment["RANK"]), 2, 0)
+            return
+        with pytest.raises(UsageError, match=f"^{re.escape(error.replace('{taken}', taken))}"):
+            dist.external_rank()

@@ -16,7 +16,14 @@ from src.data import split_sizes
 from src.errors import UsageError
 from src.jobs.outcome import attempts
 from src.models.profile import forward_flops, train_flops
-from src.perf.autobatch import CPU_HEADROOM, check_fits, check_one_sample, predicted_candidates, usable_mb
+from src.perf.autobatch import (
+    CPU_HEADROOM,
+    check_fits,
+    check_one_sample,
+    predicted_batch,
+    predicted_candidates,
+    usable_mb,
+)
 from src.perf.memory import predict
 from src.perf.probe_cache import ProbeCache, age
 from src.training.meters import KNOWN_PEAKS, PEAK_MAX_AGE, cached_peaks, peak_cache_file, peak_flops, peak_key
@@ -261,6 +268,13 @@ def test_auto_batch_with_accumulate_keeps_each_optimizer_step_within_the_trainin
     train = split_sizes(cfg.data)["train"]
     _, batches = predicted_candidates(dataclasses.replace(cfg, mem_budget_mb=1e9), CPU, 1)
     assert batches[0] == train // 2 and all(batch * 2 <= train for batch in batches)
+
+
+def test_no_batch_fitting_names_the_budget_as_given(shared_data):
+    """A fractional ``mem_budget_mb`` printed as given (``0.5`` was ``0``)."""
+    cfg = OmegaConf.to_object(compose_config("model=resnet10", "batch_size=auto", f"data.root={shared_data}"))
+    with pytest.raises(UsageError, match=r"^batch_size=auto: no micro-batch fits mem_budget_mb=0.5: raise"):
+        predicted_batch(dataclasses.replace(cfg, mem_budget_mb=0.5), CPU, 1)
 
 
 def test_a_given_batch_past_the_memory_free_is_refused_on_cpu(shared_data):

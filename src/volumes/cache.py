@@ -54,6 +54,8 @@ def cache_path(cfg: DataConfig, table: Table) -> Path:
                 f"{table.at(row)}: cannot read {row.path} ({err.strerror}): fix the image path (relative to "
                 f"data.root={cfg.root}), or remove the row"
             ) from None
+        if not row.path.is_file():  # a FIFO would block the read for ever
+            raise UsageError(f"{table.at(row)}: {row.path} is not a file: put the volume there, or remove the row")
         key.update(f"{row.image}\0{row.label}\0{row.split}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
     folder = Path(os.environ[CACHE_ENV], "volumes") if os.environ.get(CACHE_ENV) else table.root / ".medsweep"
     return folder / f"{NIFTI}_{table.root.resolve().name[:FOLDER_CHARS]}_{cfg.size}_{key.hexdigest()[:16]}.npz"

@@ -77,6 +77,8 @@ def read_table(cfg: DataConfig) -> Table:
 
 def read_csv(path: Path) -> Records:
     """``(line, {column: stripped value})`` per row; the columns and empty cells checked."""
+    if path.exists() and not path.is_file():  # a FIFO would block the read for ever
+        raise UsageError(f"{path} is not a file: write the labels CSV there, or set data.labels=<its path>")
     try:
         with path.open(newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f)

@@ -372,6 +372,8 @@ def bad_cases(root: Path) -> dict[str, tuple[tuple[str, ...], str]]:
             (),
             f"{csv} line 3: b0.nii.gz holds complex64 voxels, not real numbers: save it as real values (the magnitude",
         ),
+        "fifo-volume": ((), f"{csv} line 3: {root / 'b0.nii.gz'} is not a file: put the volume there, or remove"),
+        "fifo-csv": ((), f"{csv} is not a file: write the labels CSV there, or set data.labels=<its path>"),
         "repeated-column": (
             (),
             f"{csv} has columns ['image', 'label', 'label', '', ''], label more than once: keep one column of each "
@@ -440,6 +442,10 @@ def prepare(root: Path, case: str) -> None:
         save(root / "b0.nii.gz", noise(0, (12, 0, 12)))
     elif case == "complex":  # MONAI would keep the real part, with a warning
         nib.save(nib.Nifti1Image(noise(0).astype(np.complex64), np.eye(4)), root / "b0.nii.gz")
+    elif case in ("fifo-volume", "fifo-csv"):  # a read would block for ever
+        path = root / ("b0.nii.gz" if case == "fifo-volume" else CSV)
+        path.unlink()
+        os.mkfifo(path)
     elif case == "repeated-column":  # csv.DictReader would keep the last: the splits as labels
         write_csv(root, [[*row, "", ""] for row in rows], header="image,label,label,,")  # unnamed ones are no repeat
 

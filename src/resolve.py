@@ -49,9 +49,10 @@ def resolve_device(cfg: Config) -> torch.device:
 
 
 def cpu_has_fast_bf16() -> bool:
-    """Whether oneDNN runs bf16 convolutions natively here (avx512_bf16 / AMX); otherwise torch falls back to a
-    reference kernel ~100x slower than float32 (measured on an AVX2-only AMD EPYC: docs/benchmarks.md)."""
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    """Whether this CPU computes bf16 natively (avx512_bf16 or AMX). Elsewhere bf16 convolutions are emulated:
+    ~100x slower than float32 on an AVX2-only AMD EPYC, 0.33-0.44x on an Intel Xeon with AVX-512 but no
+    avx512_bf16, where oneDNN still calls bf16 supported (docs/benchmarks.md)."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
 def resolve_amp_dtype(cfg: Config, device: torch.device) -> torch.dtype:

@@ -84,9 +84,8 @@ def check_store_port(port: int) -> None:
     """A :class:`UsageError` where rank 0 could not serve the ranks' store on ``port`` (torchrun's agent serves its
     own): the rendezvous failed with a traceback after the run was created."""
     with socket.socket() as probe:
-        probe.setsockopt(
-            socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
-        )  # as the store binds: a closed port's wait is no use
+        # as the store binds: a port still in TIME_WAIT after its last use is free to it
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("", port))
         except OSError as err:

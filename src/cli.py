@@ -28,7 +28,7 @@ from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
 from src.config import register
 from src.errors import UsageError, exit_with
-from src.folders import release_claimed
+from src.folders import release_claimed, release_refused
 from src.schema_check import check_known_keys, composition_error
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -55,6 +55,7 @@ def command(
                 check_values(cfg)
                 return fn(cfg)
             except (UsageError, InterpolationResolutionError) as err:  # the command's end releases its folder
+                release_refused(HydraConfig.get())
                 exit_with(err if isinstance(err, UsageError) else one_line(err))
 
         return reporting_composition_errors(main, config_name, sweeps)

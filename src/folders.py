@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from src.atomic import is_temporary
@@ -53,12 +54,13 @@ def fresh(path: str) -> str:
         return str(candidate)
 
 
-def release(folder: Path) -> None:
+def release(folder: Path, refused: bool = False) -> None:
     """Remove ``folder`` where :func:`fresh` claimed it in this process and it holds no more than Hydra writes before
-    a command starts (``.hydra/``, an empty log), with the parents it made that are empty: a refused command leaves
-    no folder."""
+    a command starts (``.hydra/``, an empty log; with ``refused``, a command that ended on its ``error:`` line before
+    any run was made for the folder: its log and lock too), with the parents it made that are empty: a refused
+    command leaves no folder."""
     made = CLAIMED.pop(folder.absolute(), [])
-    if not (made and folder.is_dir() and hydra_file(folder)):
+    if not (made and folder.is_dir() and hydra_file(folder, refused)):
         return
     shutil.rmtree(folder, ignore_errors=True)
     for path in made[1:]:
@@ -66,12 +68,25 @@ def release(folder: Path) -> None:
             path.rmdir()
 
 
-def release_claimed() -> None:
+def release_claimed(refused: bool = False) -> None:
     """:func:`release` each folder :func:`fresh` claimed in this process: at a command's end, those it left as Hydra
     made them go (Hydra resolves a default folder that a command's config or a flag replaces, e.g. ``src.memory``'s,
     ``--cfg``)."""
     for folder in reversed(list(CLAIMED)):  # the last first: an earlier one made the parents
-        release(folder)
+        release(folder, refused)
+
+
+def release_refused(hydra: DictConfig) -> None:
+    """:func:`release` a single run's folder (``hydra.runtime.output_dir``) as its command ends on its ``error:``
+    line: unless a run was made for it (:func:`keep`), its log and lock go with what Hydra wrote."""
+    if hydra.mode is RunMode.RUN:
+        release(Path(hydra.runtime.output_dir), refused=True)
+
+
+def keep(*folders: Path) -> None:
+    """A run is made for ``folders``: they are its own, never released."""
+    for folder in folders:
+        CLAIMED.pop(folder.absolute(), None)
 
 
 def missing(folder: Path) -> list[Path]:
@@ -79,13 +94,15 @@ def missing(folder: Path) -> list[Path]:
     return list(itertools.takewhile(lambda path: not path.exists(), (folder, *folder.parents)))
 
 
-def hydra_file(path: Path) -> bool:
+def hydra_file(path: Path, refused: bool = False) -> bool:
     """What Hydra writes in a run's or sweep's folder before the command starts: ``.hydra/``, an empty log,
-    ``multirun.yaml``, a job's folder holding no more."""
+    ``multirun.yaml``, a job's folder holding no more; with ``refused``, any log and the lock file of :func:`held`."""
     if path.is_symlink() or not (path.is_dir() or path.is_file()):
         return False
     if path.is_dir():
-        return path.name == ".hydra" or all(hydra_file(inner) for inner in path.iterdir())
+        return path.name == ".hydra" or all(hydra_file(inner, refused) for inner in path.iterdir())
+    if refused and (path.suffix == ".log" or path.name == LOCK_FILE):
+        return True
     return path.name == "multirun.yaml" or (path.suffix == ".log" and path.stat().st_size == 0)
 
 

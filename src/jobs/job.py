@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 
 from src.config import Config, ParallelMode
 from src.data import ensure_file
-from src.folders import held, holder
+from src.folders import held, holder, keep
 from src.jobs import dry_run, outcome
 from src.jobs.plan import Plan, plan_job, resolve_batch, save_job_config
 from src.jobs.rank import Job, run_rank, spawned_rank
@@ -33,7 +33,7 @@ from src.parallel.ranks import job_world
 from src.perf.startup import StartupClock
 from src.tracking.identity import code_fingerprint
 from src.tracking.runs import RunLogger, environment_tags, user_tags
-from src.tracking.store import best_metric, ensure_store
+from src.tracking.store import best_metric, ensure_store, probe
 from src.tracking.sweep import fail_parent_run, job_parent_id
 from src.tracking.ui import log_links
 
@@ -73,8 +73,7 @@ def run_attempts(plan: Plan, external: dist.Rank | None, clock: StartupClock, pr
     """The job's MLflow run and its ranks, in the job's folder (held): attempts until one ends."""
     if plan.rerun_of or (plan.resume and plan.resume.folder != plan.job_dir):
         save_job_config(plan.stored, plan.job_dir)  # the artifact says what this run trains
-    client = ensure_store(plan.tracking_uri)
-    clock.mark("mlflow")
+    probe(plan.tracking_uri)  # a store that cannot be used refused now; a fresh one created once the batch fits
     ensure_file(plan.cfg.data)
     clock.mark("data")
     ddp = plan.cfg.parallel.mode is ParallelMode.ddp
@@ -83,7 +82,10 @@ def run_attempts(plan: Plan, external: dist.Rank | None, clock: StartupClock, pr
         world = job_world(plan.cfg, gpus, external)
         first, tags = resolve_batch(plan, world)
         clock.mark("batch_size")
+        client = ensure_store(plan.tracking_uri)
+        clock.mark("mlflow")
         resume = plan.resume
+        keep(plan.job_dir, plan.output_dir)  # the run's from here: kept whatever ends it
         for attempt in outcome.attempts(first):
             outcome.stop_before_run(preemption)
             run = reopen(client, resume) if resume else start_run(plan, attempt, world, client, tags)

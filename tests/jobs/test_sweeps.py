@@ -17,7 +17,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from src.errors import UsageError
-from src.folders import check_own_folder, fresh, held, release
+from src.folders import check_own_folder, fresh, held, keep, release
 from src.jobs.sweep import check_job_folders
 from src.jobs.sweep_checks import SweepJob
 from src.parallel.preemption import Preemption
@@ -126,6 +126,42 @@ def test_a_refused_command_leaves_no_folder_of_its_own(tmp_path, store, shared_d
     args = [a for a in small_run(tmp_path, store, shared_data, epochs) if not a.startswith("hydra.")]
     assert one_error_line(run_cli(*flag, *args, cwd=cwd)).endswith("epochs=0 must be in [1, 2147483647]")
     assert sorted(cwd.rglob("*")) == [cwd / "outputs", cwd / "outputs" / "earlier"]
+
+
+@pytest.mark.parametrize(
+    "overrides,refused",
+    [(("batch_size=10000",), True), slow(("epochs=1", "optim.lr=1e30"), False)],
+    ids=["refused", "diverged"],
+)
+def test_a_single_run_refused_after_hydra_made_its_folder_leaves_none_and_a_failed_run_keeps_its(
+    tmp_path, new_store, shared_data, overrides, refused
+):
+    """A refusal that needs the data (the batch against the training set) comes once Hydra made the folder and wrote
+    its log and lock there: they go, and the fresh store is not created; a run's folder stays, whatever ends the
+    run."""
+    cwd, store = tmp_path / "cwd", new_store
+    cwd.mkdir()
+    args = [a for a in small_run(tmp_path, store, shared_data, *overrides) if not a.startswith("hydra.")]
+    line = one_error_line(run_cli(*args, cwd=cwd))
+    if refused:
+        assert "exceeds the 1188 training samples" in line
+        assert list(cwd.iterdir()) == [] and list(tmp_path.iterdir()) == [cwd]
+    else:
+        (run,) = runs(store)
+        assert run.info.status == "FAILED"
+        assert Path(run.data.tags["output_dir"], "train.log").is_file()
+
+
+def test_a_refused_runs_log_and_lock_go_only_with_a_folder_no_run_was_made_for(tmp_path):
+    made = [Path(fresh(str(tmp_path / "outputs" / name))) for name in ("refused", "kept", "plain")]
+    for folder in made:
+        (folder / "train.log").write_text("[INFO] checking ...\n")
+        (folder / ".medsweep.lock").write_text("123")
+    keep(made[1])
+    release(made[0], refused=True)
+    release(made[1], refused=True)
+    release(made[2])
+    assert sorted(path.name for path in (tmp_path / "outputs").iterdir()) == ["kept", "plain"]
 
 
 def test_a_released_folder_goes_only_when_fresh_claimed_it_and_it_holds_no_more_than_hydra_writes(tmp_path):

@@ -12,6 +12,12 @@ class UsageError(Exception):
     """A bad value in the user's config or environment; the message names the value and the fix."""
 
 
+def first(names: list[str], shown: int = 3) -> str:
+    """The first ``shown`` of ``names`` for a message, and how many more there are."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
 def exit_with(err: UsageError) -> NoReturn:
     """End the command on ``err``: its one ``error:`` line on stderr, exit code 2."""
     print(f"error: {err}", file=sys.stderr)

@@ -21,7 +21,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from src.atomic import is_temporary
-from src.errors import UsageError, exit_with
+from src.errors import UsageError, exit_with, first
 from src.parallel.machine_share import outside_sweep
 
 log = logging.getLogger(__name__)
@@ -152,9 +152,9 @@ def check_own_folder(folder: Path, what: str) -> None:
         if not (is_temporary(path) or any(fnmatch.fnmatch(path.name, name) for name in RUN_FILES))
     )
     if names:
-        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         raise UsageError(
-            f"{what} holds files no run writes ({shown}), and a run logs its folder to MLflow: give an empty folder"
+            f"{what} holds files no run writes ({first(names)}), and a run logs its folder to MLflow: give an empty "
+            "folder"
         )
 
 

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from src.config import ReportConfig
-from src.errors import UsageError
+from src.errors import UsageError, first
 from src.report.analysis import (
     AUC,
     CONFIG_HASH,
@@ -144,13 +144,24 @@ def sweep_runs(client: mlflow.MlflowClient, parent: Run) -> list[Run]:
     return children + skipped
 
 
+def experiment_names(client: mlflow.MlflowClient) -> list[str]:
+    """The names of the store's active experiments, sorted: every page of them."""
+    names, token = [], None
+    while True:
+        page = client.search_experiments(page_token=token)
+        names += [experiment.name for experiment in page]
+        if not (token := page.token):
+            return sorted(names)
+
+
 def select(cfg: ReportConfig, client: mlflow.MlflowClient, uri: str) -> Selection:
     """The runs of ``sweep``, ``parent`` or ``mlflow.experiment``; ``UsageError`` naming a bad one."""
     if cfg.mlflow.experiment is not None:
         experiment = client.get_experiment_by_name(cfg.mlflow.experiment)
         if experiment is None:
-            names = ", ".join(e.name for e in client.search_experiments())
-            raise UsageError(f"mlflow.experiment={cfg.mlflow.experiment} is not in {uri}: use one of {names}")
+            names = experiment_names(client)
+            fix = f"use one of {first(names, 10)}" if names else "it has none: give the store the runs were logged to"
+            raise UsageError(f"mlflow.experiment={cfg.mlflow.experiment} is not in {uri}: {fix}")
         if experiment.lifecycle_stage == LifecycleStage.DELETED:
             raise UsageError(
                 f"mlflow.experiment={experiment.name} was deleted from {uri}: restore it (mlflow experiments restore "

@@ -661,6 +661,16 @@ def test_bad_selectors_name_the_value_and_the_fix(logged_sweep, tmp_path, overri
     assert str(raised.value).startswith(message.format(tmp=tmp_path))
 
 
+def test_an_unknown_experiment_names_ten_of_the_stores_and_how_many_more(store):
+    client = mlflow.MlflowClient(store)
+    for n in range(12):
+        client.create_experiment(f"exp{n:02d}")
+    with pytest.raises(UsageError) as raised:
+        report(report_config("mlflow.experiment=nope", f"mlflow.tracking_uri={store}"))
+    names = ", ".join(["Default"] + [f"exp{n:02d}" for n in range(9)])
+    assert str(raised.value) == f"mlflow.experiment=nope is not in {store}: use one of {names} and 3 more"
+
+
 @pytest.mark.parametrize("damage", ["random bytes", "blank", "a folder"])
 def test_a_damaged_parent_id_file_names_the_folder_and_the_fix(logged_sweep, tmp_path, damage):
     path = tmp_path / "sweep" / PARENT_ID_FILE

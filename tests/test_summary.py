@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import torch
 
 from src.config import DataConfig, ModelConfig
@@ -43,6 +44,23 @@ def test_sweep_prints_one_line_per_model(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert [match[0] for match in LINE.findall(result.stdout)] == ["resnet18", "densenet121"]
+
+
+@pytest.mark.parametrize(
+    "module,overrides,message",
+    [
+        ("src.summary", ("model=resnet10,resnet18", "data.size=28,99"), "data.size=99 is not a MedMNIST 3D size"),
+        ("src.memory", ("model=resnet10,resnet18", "batch_size=2,0"), "batch_size=0 must be in [1, 2147483647]"),
+    ],
+    ids=["summary", "memory"],
+)
+def test_a_sweep_with_one_bad_job_prints_nothing_before_its_error_line(tmp_path, module, overrides, message):
+    """Every job is checked before the first prints, as a training sweep's are."""
+    result = run_cli("-m", *overrides, f"hydra.sweep.dir={tmp_path}", module=module, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: job 1 (") and message in last
 
 
 def test_dsconv_ratio_against_the_dense_model():

@@ -12,16 +12,18 @@ import dataclasses
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from src.cli import check_values, one_line
-from src.errors import UsageError
+from src.errors import UsageError, exit_with
 from src.parallel.machine_share import launcher_cpus
 from src.schema_check import check_known_keys, composition_error
 from src.tracking.identity import run_name
@@ -150,3 +152,14 @@ def check_workers(config: DictConfig, handed: int) -> None:
             f"hydra.launcher.n_jobs={n_jobs} worker processes for {handed} jobs at a time on {cpus} CPUs: give at most "
             f"{max(handed, cpus)} (-1: one per CPU)"
         )
+
+
+class CheckedJobs(Callback):
+    """Hydra callback of ``-m`` in a command that trains nothing (``src.summary``, ``src.memory``): every job checked
+    (:func:`checked_jobs`) before the first one prints."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            checked_jobs(config)
+        except (UsageError, HydraException, OmegaConfBaseException) as err:
+            exit_with(err if isinstance(err, UsageError) else one_line(err))

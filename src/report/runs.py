@@ -16,7 +16,7 @@ import mlflow
 import numpy as np
 import pandas as pd
 import yaml
-from mlflow.entities import LifecycleStage, Run
+from mlflow.entities import LifecycleStage, Run, ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from omegaconf import OmegaConf
@@ -120,12 +120,27 @@ def parent_run(client: mlflow.MlflowClient, run_id: str, selector: str, uri: str
     return run
 
 
+def warn_deleted(client: mlflow.MlflowClient, experiment_id: str, filter_string: str, what: str) -> None:
+    """One warning counting the runs of ``what`` (jobs' runs, not a sweep's parent) deleted in the MLflow UI: the
+    report leaves them out."""
+    deleted = search_all(client, experiment_id, filter_string, ViewType.DELETED_ONLY)
+    if ids := [r.info.run_id for r in deleted if r.data.tags.get("role") != "sweep"]:
+        log.warning(
+            "%d run(s) of %s deleted in the MLflow UI, left out: %s (mlflow runs restore --run-id <id> brings one "
+            "back)",
+            len(ids),
+            what,
+            first(ids),
+        )
+
+
 def sweep_runs(client: mlflow.MlflowClient, parent: Run) -> list[Run]:
     """The parent run's children, then the FINISHED runs its ``skipped.<job>`` tags name (a job skipped because its
     config had finished: a sweep run again, or resumed) that are not among them; one warning counts those named but
     not found FINISHED (deleted, or the tag damaged)."""
     experiment_id, run_id = parent.info.experiment_id, parent.info.run_id
     children = search_all(client, experiment_id, f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{run_id}'")
+    warn_deleted(client, experiment_id, f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{run_id}'", f"sweep run {run_id}")
     named = {v.rpartition(" -> ")[2] for k, v in parent.data.tags.items() if k.startswith(SKIPPED_TAG)}
     ids = sorted(named - {r.info.run_id for r in children})
     quoted = ", ".join(f"'{i}'" for i in ids if RUN_ID.fullmatch(i))  # a damaged tag's value is no run id to quote
@@ -168,6 +183,7 @@ def select(cfg: ReportConfig, client: mlflow.MlflowClient, uri: str) -> Selectio
                 f"--experiment-id {experiment.experiment_id}) to report it"
             )
         runs = [r for r in search_all(client, experiment.experiment_id) if r.data.tags.get("role") != "sweep"]
+        warn_deleted(client, experiment.experiment_id, "", f"experiment {experiment.name}")
         if not runs:
             raise UsageError(
                 f"mlflow.experiment={experiment.name} has no runs in {uri}: give the experiment the runs logged to"

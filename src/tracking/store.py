@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
-from mlflow.entities import ExperimentTag, LifecycleStage
+from mlflow.entities import ExperimentTag, LifecycleStage, ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 
@@ -412,11 +412,14 @@ def best_metric(client: mlflow.MlflowClient, run_id: str, key: str) -> float:
     return max((metric.value for metric in client.get_metric_history(run_id, key)), default=float("nan"))
 
 
-def search_all(client: mlflow.MlflowClient, experiment_id: str, filter_string: str = "") -> list[mlflow.entities.Run]:
-    """Every run of the experiment that ``filter_string`` selects, page by page."""
+def search_all(
+    client: mlflow.MlflowClient, experiment_id: str, filter_string: str = "", view: int = ViewType.ACTIVE_ONLY
+) -> list[mlflow.entities.Run]:
+    """Every run of the experiment that ``filter_string`` selects (of ``view``: active runs, or those deleted in the
+    UI), page by page."""
     runs, token = [], None
     while True:
-        page = client.search_runs([experiment_id], filter_string, max_results=1000, page_token=token)
+        page = client.search_runs([experiment_id], filter_string, view, max_results=1000, page_token=token)
         runs += page
         token = page.token
         if not token:

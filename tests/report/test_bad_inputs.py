@@ -271,6 +271,21 @@ def test_a_deleted_experiment_is_one_line_with_the_command_that_restores_it(tmp_
     )
 
 
+@pytest.mark.parametrize("selector", ["parent", "experiment"])
+def test_runs_deleted_in_the_ui_are_left_out_and_counted(tmp_path, caplog, selector):
+    client, uri, experiment_id = store_with(tmp_path, "medsweep", [])
+    parent = client.create_run(experiment_id, tags={"role": "sweep"}).info.run_id
+    for params, final, tags in amp_runs():
+        log_run(client, experiment_id, params, [], final, tags={**tags, MLFLOW_PARENT_RUN_ID: parent})
+    gone = sorted(r.info.run_id for r in search_all(client, experiment_id) if r.info.run_id != parent)[:1]
+    client.delete_run(gone[0])
+    given = f"parent={parent}" if selector == "parent" else "mlflow.experiment=medsweep"
+    report(report_config(given, f"mlflow.tracking_uri={uri}", f"out={tmp_path}/r"))
+    what = f"sweep run {parent}" if selector == "parent" else "experiment medsweep"
+    assert f"1 run(s) of {what} deleted in the MLflow UI, left out: {gone[0]} (mlflow runs restore" in caplog.text
+    assert len(pd.read_csv(tmp_path / "r" / "runs.csv")) == 3
+
+
 def test_runs_of_other_code_or_machines_are_named_once_at_the_top(tmp_path):
     runs = amp_runs()
     for i, (_, _, tags) in enumerate(runs):  # a sweep resumed after an edit of the code, and over two hosts

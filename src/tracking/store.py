@@ -18,6 +18,7 @@ import mlflow
 from mlflow.entities import ExperimentTag, LifecycleStage, ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
+from mlflow.tracking.registry import UnsupportedModelRegistryStoreURIException
 
 from src.errors import UsageError
 from src.folders import writable
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TRACKING_URI = f"sqlite:///{PROJECT_ROOT / 'mlflow.db'}"
+SCHEMES = "use sqlite:///<file>, http(s)://<server>, or a database's postgresql://, mysql:// or mssql://"
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"  # where MLflow's own tools look for a store: honoured below the config key
 EXPERIMENT_KIND, TRAINING = "mlflow.experimentKind", "custom_model_development"  # the UI opens on training runs
 ARTIFACTS_FOLDER = "mlartifacts"  # beside an SQLite store, as `mlflow server` keeps ./mlartifacts beside its own
@@ -51,6 +53,8 @@ def ensure_store(uri: str) -> mlflow.MlflowClient:
         try:
             client = mlflow.MlflowClient(uri)
             client.search_experiments(max_results=1)
+        except UnsupportedModelRegistryStoreURIException:  # MLflow's, for any store: its innermost error is a KeyError
+            raise unusable(uri, "has a scheme no MLflow store serves", SCHEMES) from None
         except Exception as err:  # any store failure is the user's URI to fix
             raise unusable(uri, f"cannot be used ({reason(err)})", "fix or change mlflow.tracking_uri") from None
     return client

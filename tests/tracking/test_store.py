@@ -144,6 +144,13 @@ def test_a_missing_folder_is_refused_and_not_created(tmp_path):
     assert not (tmp_path / "no").exists()
 
 
+def test_a_scheme_no_store_serves_is_named_with_those_that_do():
+    assert refusal("garbage://x") == (
+        "mlflow.tracking_uri=garbage://x has a scheme no MLflow store serves: use sqlite:///<file>, "
+        "http(s)://<server>, or a database's postgresql://, mysql:// or mssql://"
+    )
+
+
 def test_a_store_not_created_yet_is_checked_by_a_dry_run_creating_nothing(tmp_path):
     check_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert list(tmp_path.iterdir()) == []

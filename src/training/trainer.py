@@ -31,7 +31,7 @@ from src.training import checkpoint
 from src.training.augment import Augment, step_generator
 from src.training.ema import WeightEMA
 from src.training.meters import MemoryMonitor, OtherLoad, ThroughputMeter, is_contended
-from src.training.metrics import clinical_metrics, medmnist_metrics
+from src.training.metrics import clinical_metrics, load_libraries, medmnist_metrics
 from src.training.optim import Precision, build_optimizer, build_scheduler, class_weights, make_capturable
 from src.training.selection import Selection
 from src.training.step_graph import Batch, GraphedStep
@@ -215,7 +215,7 @@ class Trainer:
         running = self.running or {"loss": [0.0] * self.rank.world, "correct": [0] * self.rank.world}
         self.loss_sum.fill_(running["loss"][self.rank.rank])
         self.correct.fill_(int(running["correct"][self.rank.rank]))
-        samples_per_step = cfg.batch_size * cfg.accumulate
+        samples_per_step = loader.batch_size * cfg.accumulate  # parallel=dp: a loader batch spans the GPUs
         self.meter.start_epoch(self.steps_per_epoch - first)
         bar = tqdm(
             range(first, self.steps_per_epoch), desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=None, leave=False
@@ -294,7 +294,7 @@ class Trainer:
         )
         metrics = {
             "train/loss": sums["loss"].item() / micro_steps,
-            "train/acc": sums["correct"].item() / (micro_steps * self.cfg.batch_size),
+            "train/acc": sums["correct"].item() / (micro_steps * self.loaders["train"].batch_size),
             "perf/samples_per_s": sums["perf/samples_per_s"].item(),
             **{k: v.item() for k, v in maxima.items()},
         }
@@ -355,6 +355,8 @@ class Trainer:
         """
         self._start = time.perf_counter() - self.elapsed_s
         self._saved_at, self._log_metrics = time.perf_counter(), log_metrics
+        if self.rank.is_main:  # evaluation's libraries in the baseline, as in every later job of the process
+            load_libraries()
         self.memory.start()
         for epoch in range(self.epoch, self.cfg.epochs):
             if self._patience_exhausted():

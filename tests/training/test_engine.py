@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +19,7 @@ from src.resolve import cpu_has_fast_bf16, resolve_amp_dtype
 from src.training.metrics import medmnist_metrics
 from src.training.optim import build_optimizer, class_weights
 from src.training.trainer import Trainer
-from tests.helpers import compose_config
+from tests.helpers import ROOT, compose_config
 
 
 def tiny_net(num_classes: int = 2) -> nn.Module:
@@ -254,3 +256,30 @@ def test_augmentation_is_seeded_per_step_and_off_in_evaluation(shared_data):
     plain = trainer_for("aug=none", "batch_size=4", data_root=shared_data)
     assert torch.equal(plain.train_batch(batch, 0, 0)[0], plain._batch(batch)[0])  # aug=none: as stored
     assert same.evaluate("val") == plain.evaluate("val")  # equal weights (tiny_net seeds itself): never augmented
+
+
+def test_evaluation_libraries_are_loaded_before_the_memory_baseline(shared_data):
+    """In a fresh process medmnist and scikit-learn are imported before ``MemoryMonitor.start``: loaded at the first
+    validation, their ~70 MiB counted in the first job's ``mem/peak_mb`` and in no later job's of the process."""
+    code = f"""
+import sys
+from omegaconf import OmegaConf
+from torch import nn
+from src.config import register
+from src.data import load_splits, make_loader
+from src.training import meters
+from src.training.trainer import Trainer
+from tests.helpers import compose_config
+start = meters.MemoryMonitor.start
+def checked(self):
+    assert {{"medmnist.evaluator", "sklearn.metrics", "sklearn.calibration"}} <= set(sys.modules)
+    start(self)
+meters.MemoryMonitor.start = checked
+register()
+overrides = ("data.root={shared_data}", "data.download=false", "device=cpu", "epochs=1", "limit_batches=2")
+cfg = OmegaConf.to_object(compose_config("data=adrenalmnist3d", "batch_size=4", *overrides))
+loaders = {{s: make_loader(cfg.data, t, 4, 0, s == "train", "cpu") for s, t in load_splits(cfg.data).items()}}
+net = nn.Sequential(nn.Conv3d(1, 2, 3, stride=4), nn.AdaptiveAvgPool3d(1), nn.Flatten(), nn.Linear(2, 2))
+Trainer(cfg, net, loaders, meters.torch.device("cpu")).fit(lambda metrics, step: None)
+"""
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True, text=True)

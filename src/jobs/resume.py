@@ -122,6 +122,11 @@ def explicit(cfg: DictConfig, overrides: list[str], uri: str) -> tuple[DictConfi
             f"rerun trains a finished run's config again: drop one"
         )
     folder = checkpoint_folder(value, uri)
+    if not (folder / checkpoint.FILE).is_file() and run_status(uri, value) == "FINISHED":  # its checkpoint deleted
+        raise UsageError(
+            f"resume={value}: run {value} is already FINISHED, there is nothing to resume: rerun={value} trains its "
+            f"config again"
+        )
     if not (folder / checkpoint.FILE).is_file():
         raise UsageError(
             f"resume={value}: no {checkpoint.FILE} in {folder} (the run stopped before its first "

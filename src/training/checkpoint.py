@@ -81,9 +81,13 @@ def load(path: Path, mmap: bool = False) -> dict[str, Any]:
     """The checkpoint at ``path`` on the CPU, tensors and plain Python values only (``weights_only=True``).
 
     ``mmap=True`` maps the file instead of reading it: cheap when only the metadata is needed. A file that does not
-    load raises :class:`Unreadable`.
+    load raises :class:`Unreadable`, as does one whose bytes changed since it was written: ``torch.load`` does not
+    check the zip's CRC-32s, so a flipped bit in a tensor would otherwise resume as a silently different run.
     """
     try:
+        with zipfile.ZipFile(path) as archive:
+            if (bad := archive.testzip()) is not None:
+                raise Unreadable(f"{path} is unreadable (truncated or corrupt: {bad} fails its CRC check)")
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except (RuntimeError, EOFError, ValueError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
         why = getattr(err, "strerror", None) or str(err).strip().splitlines()[0].split(". ")[0].rstrip(".")

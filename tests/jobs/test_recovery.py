@@ -276,13 +276,18 @@ def test_a_checkpoint_a_new_run_would_overwrite_is_refused_naming_its_run(tmp_pa
 # -- corrupt checkpoints ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kept", [200, 5000], ids=["its-header", "into-its-tensors"])  # a zip error, an OSError
+@pytest.mark.parametrize(
+    "kept", [200, 5000, None], ids=["its-header", "into-its-tensors", "a-flipped-byte"]
+)  # a zip error, an OSError, a CRC mismatch torch.load alone does not see
 def test_a_corrupt_checkpoint_is_one_line_for_resume_and_a_warning_for_a_new_run(tmp_path, store, caplog, kept):
     client = ensure_store(store)
     overrides = ["model=resnet10", f"mlflow.tracking_uri={store}"]
     killed = unfinished_run(client, overrides, tmp_path / "run", "KILLED", weights=torch.zeros(100_000))
     path = tmp_path / "run" / checkpoint.FILE
-    path.write_bytes(path.read_bytes()[:kept])  # truncated
+    data = bytearray(path.read_bytes())
+    if kept is None:  # the file whole, one byte of the weights' zeros changed
+        data[data.index(bytes(4096)) + 2048] ^= 0xFF
+    path.write_bytes(data if kept is None else data[:kept])  # truncated, or corrupt
     command = [f"resume={killed}", f"mlflow.tracking_uri={store}"]
     with pytest.raises(UsageError) as refused:
         plan_job(compose_config(*command), hydra_job(tmp_path / "job", command))

@@ -296,6 +296,8 @@ def test_bad_resume_values_name_the_value_and_the_fix(tmp_path, store, unfinishe
     )
     mlflow.MlflowClient(store).set_terminated(run_id, "FINISHED")
     assert f"run {run_id} is already FINISHED" in resume_error(run_id, overrides)
+    (folder / "checkpoint.pt").unlink()  # as a FINISHED run leaves it (checkpoint.keep=last)
+    assert f"run {run_id} is already FINISHED" in resume_error(run_id, overrides)
 
 
 def test_a_bad_resume_value_fails_the_cli_in_one_line(tmp_path, store, shared_data):

@@ -69,8 +69,9 @@ def logged_config(uri: str, run_id: str) -> tuple[DictConfig, mlflow.entities.Ru
 
 def rerun_config(cfg: DictConfig, overrides: list[str], uri: str) -> tuple[DictConfig, str]:
     """The config of run ``cfg.rerun`` (in the store at ``uri``), with the command line's non-result keys, that
-    store and the thread count it trained with (its ``num_threads`` tag, where its config says null), and the run's
-    name."""
+    store, the thread count it trained with (its ``num_threads`` tag, where its config says null) and its micro-batch
+    and accumulation (its params: ``batch_size=auto`` probed the memory free then, an ``oom_retry`` run halved the
+    config's), and the run's name."""
     changed = changed_keys(overrides)
     fixed = [key for key in changed if not key.startswith(NOT_HASHED)]
     if fixed:
@@ -83,4 +84,7 @@ def rerun_config(cfg: DictConfig, overrides: list[str], uri: str) -> tuple[DictC
     rebuilt.rerun = None
     if rebuilt.num_threads is None and (threads := run.data.tags.get("num_threads")):
         rebuilt.num_threads = int(threads)
+    trained = [run.data.params.get(key, "") for key in ("batch_size", "accumulate")]
+    if rebuilt.batch_size != "derived" and all(map(str.isdigit, trained)):  # auto: probed; oom_retry: halved
+        rebuilt.batch_size, rebuilt.accumulate = map(int, trained)
     return rebuilt, run.data.tags.get(MLFLOW_RUN_NAME, run.info.run_name)

@@ -96,6 +96,29 @@ def test_a_rerun_takes_the_name_of_the_run_and_the_threads_it_trained_with(tmp_p
 
 
 @pytest.mark.parametrize(
+    "config,params,trains",
+    [
+        (("batch_size=auto",), ("12", "1"), (12, 1)),  # probed against the memory free then
+        (("batch_size=8", "oom_retry=true"), ("4", "2"), (4, 2)),  # the retry after an out of memory
+        (("batch_size=8", "accumulate=2"), ("8", "2"), (8, 2)),  # as configured
+        (("batch_size=derived", "effective_batch_size=32", "accumulate=2"), ("16", "2"), ("derived", 2)),  # ranks
+    ],
+    ids=["auto", "oom-retried", "given", "derived"],
+)
+def test_a_rerun_trains_the_micro_batch_and_accumulation_the_run_trained(tmp_path, store, config, params, trains):
+    client = ensure_store(store)
+    (tmp_path / ".hydra").mkdir()
+    OmegaConf.save(compose_config("model=resnet10", *config), tmp_path / ".hydra" / "config.yaml")
+    run_id = client.create_run(experiment_id(client, "medsweep")).info.run_id
+    client.log_param(run_id, "batch_size", params[0])
+    client.log_param(run_id, "accumulate", params[1])
+    client.log_artifacts(run_id, str(tmp_path / ".hydra"), ".hydra")
+    overrides = [f"rerun={run_id}"]
+    rebuilt, _ = rerun_config(compose_config(*overrides, f"mlflow.tracking_uri={store}"), overrides, store)
+    assert (rebuilt.batch_size, rebuilt.accumulate) == trains
+
+
+@pytest.mark.parametrize(
     "artifact,why",
     [
         ("epochs: [unclosed\n", "while parsing a flow sequence"),

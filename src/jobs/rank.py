@@ -25,6 +25,7 @@ from src.perf.startup import StartupClock
 from src.tracking.system_metrics import system_metrics
 from src.training import checkpoint
 from src.training.build import build_trainer
+from src.training.metrics import load_libraries
 from src.training.trainer import Hooks
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,9 @@ def run_rank(
 def train_rank(job: Job, rank: dist.Rank, device: torch.device, preemption: Preemption) -> dict[str, float]:
     cfg, clock = job.cfg, job.startup or StartupClock.begin()
     clock.mark("launch")
+    if rank.is_main:  # evaluation's libraries, before the memory baseline: in every job's alike, not the first's peak
+        load_libraries()
+        clock.imported()
     threads = seed_everything(cfg, ranks_on_node=int(os.environ.get("LOCAL_WORLD_SIZE", rank.world)))
     log.info("rank %d/%d on %s with %d threads", rank.rank, rank.world, device, threads)
     world = rank.world * data_parallel_width(cfg, job.gpus)

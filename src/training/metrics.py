@@ -1,7 +1,7 @@
 """Evaluation metrics: the MedMNIST protocol's ACC and AUC (medmnist's own functions); the metrics a clinician
 reads (balanced accuracy, calibration, sensitivity/specificity, per-class AUC) from scikit-learn on MedMNIST's
-predicted class; the test split's confusion matrix and per-sample predictions. medmnist and scikit-learn load when
-training starts (:func:`load_libraries`), not with a job's start-up."""
+predicted class; the test split's confusion matrix and per-sample predictions. medmnist and scikit-learn load at the
+end of the main rank's start-up (:func:`load_libraries`), not with the modules of a job's config checks."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ DPI = 120
 
 def load_libraries() -> None:
     """Import what evaluation uses (~70 MiB resident) before the memory baseline is taken (``Trainer.fit``): loaded at
-    the first validation instead, it would count in the first job's ``mem/peak_mb`` of a process, not in later ones'."""
+    the first validation, it counted in the ``mem/peak_mb`` of a process's first job, not in later ones'."""
     import medmnist.evaluator  # noqa: F401
     import sklearn.calibration  # noqa: F401
     import sklearn.metrics  # noqa: F401

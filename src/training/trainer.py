@@ -31,7 +31,7 @@ from src.training import checkpoint
 from src.training.augment import Augment, step_generator
 from src.training.ema import WeightEMA
 from src.training.meters import MemoryMonitor, OtherLoad, ThroughputMeter, is_contended
-from src.training.metrics import clinical_metrics, load_libraries, medmnist_metrics
+from src.training.metrics import clinical_metrics, medmnist_metrics
 from src.training.optim import Precision, build_optimizer, build_scheduler, class_weights, make_capturable
 from src.training.selection import Selection
 from src.training.step_graph import Batch, GraphedStep
@@ -355,8 +355,6 @@ class Trainer:
         """
         self._start = time.perf_counter() - self.elapsed_s
         self._saved_at, self._log_metrics = time.perf_counter(), log_metrics
-        if self.rank.is_main:  # evaluation's libraries in the baseline, as in every later job of the process
-            load_libraries()
         self.memory.start()
         for epoch in range(self.epoch, self.cfg.epochs):
             if self._patience_exhausted():

@@ -123,8 +123,9 @@ runpy.run_module({module!r}, run_name="__main__")
 
 
 def test_a_jobs_start_up_path_imports_neither_scikit_learn_nor_medmnists_package():
-    """They load at the first evaluation (~1.5 s of start-up, 2026-11-27); the data's checks read medmnist's INFO from
-    its ``info`` module alone. A fresh process, since this one has imported everything."""
+    """Neither the job's modules nor the data's checks load them (~1.5 s, 2026-11-27): a refused config or data file
+    is refused without them; the main rank loads them as it starts (``load_libraries``). The data's checks
+    read medmnist's INFO from its ``info`` module alone. A fresh process, since this one has imported everything."""
     code = """
 import sys
 import src.train, src.jobs.rank, src.jobs.reporting, src.training.trainer

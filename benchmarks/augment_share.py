@@ -1,4 +1,4 @@
-"""Augmentation cost on CPU: ``src.augment.Augment`` on one batch against one full training step.
+"""Augmentation cost on CPU: ``src.training.augment.Augment`` on one batch against one full training step.
 
     python benchmarks/augment_share.py
     python benchmarks/augment_share.py --model resnet18 --sizes 28 64 --batches 16 4 --reps 20 --threads 2

@@ -471,7 +471,7 @@ class Config:
     grad_clip: float | None = None
     class_weights: bool = False  # cross-entropy weighted n / (classes x n_class) from the training labels
     label_smoothing: float = 0.0
-    early_stop_patience: int | None = None  # stop after this many epochs without a better val/auc
+    early_stop_patience: int | None = None  # stop after this many epochs without a better select_by score
     warmup_epochs: int = 0  # linear learning-rate warm-up from lr/10 (before the schedule)
     ema_decay: float | None = None  # validate, keep and test an EMA of the weights and BatchNorm buffers (0.99)
     select_by: SelectBy = SelectBy.val_loss  # which epoch's weights are tested (val_auc: MedMNIST's): docs/accuracy.md

@@ -77,9 +77,10 @@ def latest_sweep() -> Path:
 
 def report_store(cfg: ReportConfig) -> str:
     """``mlflow.tracking_uri`` when given; else, for ``sweep=<folder>``, the store its jobs logged to (the folder's
-    ``multirun.yaml``, which Hydra writes); else the default store."""
-    recorded = Path(cfg.sweep).expanduser() / "multirun.yaml" if cfg.sweep is not None else None
-    if cfg.mlflow.tracking_uri is None and recorded is not None and recorded.is_file():
+    ``multirun.yaml``, which Hydra's grid sweeper writes, else a job's ``.hydra/config.yaml``: Optuna's sweeper writes
+    no ``multirun.yaml``); else the default store."""
+    recorded = recorded_config(Path(cfg.sweep).expanduser()) if cfg.sweep is not None else None
+    if cfg.mlflow.tracking_uri is None and recorded is not None:
         try:
             uri = OmegaConf.select(OmegaConf.load(recorded), "mlflow.tracking_uri", default=None)
         except (OSError, UnicodeDecodeError, yaml.YAMLError, OmegaConfBaseException):
@@ -87,6 +88,12 @@ def report_store(cfg: ReportConfig) -> str:
         if isinstance(uri, str) and uri:
             return uri
     return tracking_uri(cfg)
+
+
+def recorded_config(sweep: Path) -> Path | None:
+    """The config a sweep folder records: its ``multirun.yaml``, else its first job's ``.hydra/config.yaml``."""
+    jobs = sorted(sweep.glob("*/.hydra/config.yaml")) if sweep.is_dir() else []
+    return next((path for path in (sweep / "multirun.yaml", *jobs) if path.is_file()), None)
 
 
 def folder_name(name: str) -> str:

@@ -303,7 +303,7 @@ def experiment_id(client: mlflow.MlflowClient, name: str) -> str:
             if err.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
                 raise
         experiment = client.get_experiment_by_name(name)
-    warn_if_under_cwd(experiment.name, experiment.artifact_location)
+    warn_if_under_cwd(experiment.name, experiment.artifact_location, artifact_root(client.tracking_uri))
     if experiment.tags.get(EXPERIMENT_KIND) != TRAINING:
         client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND, TRAINING)
     return experiment.experiment_id
@@ -349,9 +349,14 @@ def create_experiment(client: mlflow.MlflowClient, name: str) -> str:
 
 
 @functools.cache
-def warn_if_under_cwd(name: str, location: str) -> None:
-    """Warn once per experiment and location when the artifacts of ``name`` go under the working directory."""
+def warn_if_under_cwd(name: str, location: str, own: str | None = None) -> None:
+    """Warn once per experiment and location when the artifacts of ``name`` go under the working directory; not when
+    they are in the store's own artifact folder (``own``, :func:`artifact_root`): the default store at the project
+    root, run from there, keeps them in ``<project>/mlartifacts`` wherever the command runs."""
     folder, cwd = local_folder(location), Path.cwd().resolve()
+    own_folder = local_folder(own) if own else None
+    if own_folder is not None and folder is not None and folder.resolve().is_relative_to(own_folder.resolve()):
+        return
     if folder is not None and folder.resolve().is_relative_to(cwd):
         log.warning(
             "experiment %s keeps its artifacts in %s, under the working directory %s: run from another folder, "

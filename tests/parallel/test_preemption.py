@@ -151,6 +151,19 @@ def test_an_experiment_with_artifacts_under_the_working_directory_is_used_with_o
     assert client.get_experiment(created).artifact_location == str(tmp_path / "mlruns" / "old")  # left as it is
 
 
+def test_an_experiment_medsweep_created_beside_the_store_is_used_without_a_warning_from_the_store_folder(
+    tmp_path, store, monkeypatch, caplog
+):
+    """The default store is ``mlflow.db`` at the project root and the docs run from there: the experiment's artifacts
+    in ``<root>/mlartifacts/<id>`` are under the working directory, yet where medsweep puts them wherever it runs."""
+    client = ensure_store(store)
+    created = experiment_id(client, "beside")  # made here: its artifacts in tmp_path / "mlartifacts" / <id>
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="src.tracking.store"):
+        assert experiment_id(client, "beside") == created
+    assert own_messages(caplog) == []
+
+
 @pytest.mark.parametrize("signum,stops", [(signal.SIGUSR2, False), (signal.SIGTERM, True)], ids=["USR2", "TERM"])
 def test_submitits_timeout_signal_after_a_job_trained_ends_that_job_only(tmp_path, monkeypatch, signum, stops):
     """submitit's timeout signal (USR2) that came during a job's test stopped the whole sweep: on SLURM, with

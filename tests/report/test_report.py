@@ -644,6 +644,15 @@ def test_the_store_a_report_reads(tmp_path, recorded):
     assert report_store(report_config(f"sweep={tmp_path}")) == expected
 
 
+def test_the_store_an_optuna_sweep_logged_to_is_read_from_its_jobs_configs(tmp_path):
+    """Optuna's sweeper writes no ``multirun.yaml``: ``sweep=<folder>`` fell back to the default store."""
+    (tmp_path / "0" / ".hydra").mkdir(parents=True)
+    (tmp_path / "0" / ".hydra" / "config.yaml").write_text("mlflow:\n  tracking_uri: sqlite:////elsewhere/mlflow.db\n")
+    assert report_store(report_config(f"sweep={tmp_path}")) == "sqlite:////elsewhere/mlflow.db"
+    (tmp_path / "multirun.yaml").write_text("mlflow:\n  tracking_uri: sqlite:////recorded/mlflow.db\n")
+    assert report_store(report_config(f"sweep={tmp_path}")) == "sqlite:////recorded/mlflow.db"  # the sweep's own first
+
+
 BAD_SELECTORS = [
     (("parent=abc", "mlflow.experiment=medsweep"), "parent=abc and mlflow.experiment=medsweep: give exactly one of"),
     (("sweep={tmp}/nowhere",), "sweep={tmp}/nowhere: no such folder"),

@@ -362,8 +362,14 @@ def test_a_swept_forced_key_is_refused_before_the_sweep_starts():
             "fix the spelling",
         ),
         ("src.report", ("margin=-0.1",), "margin=-0.1 must be in [0, 1] (an AUC difference)"),
+        (
+            "src.train",
+            ("effective_batch_size=32",),  # small_run's batch_size=4: it trained batch 4 under another config hash
+            "effective_batch_size=32: batch_size=4 ignores it (only batch_size=auto or derived reads it): drop it, "
+            "or set batch_size=derived",
+        ),
     ],
-    ids=["train", "train-multirun", "memory", "summary", "report", "report-margin"],
+    ids=["train", "train-multirun", "memory", "summary", "report", "report-margin", "train-effective-batch"],
 )  # more values out of range, each command: tests/test_hostile.py (slow)
 def test_a_bad_key_or_value_stops_each_command_in_one_line_and_creates_no_run(
     tmp_path, store, shared_data, module, args, line

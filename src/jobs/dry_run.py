@@ -194,7 +194,7 @@ def job_seconds(cfg: Config, world: int, rate: float, resume: Resume | None = No
     evaluates alone."""
     ddp = cfg.parallel.mode is ParallelMode.ddp
     sizes = split_sizes(cfg.data)
-    batches = -(-sizes["train"] // world) // cfg.batch_size if ddp else sizes["train"] // (cfg.batch_size * world)
+    batches = sizes["train"] // (cfg.batch_size * world)  # a DDP rank's shard: n // world (src.data.SeededPermutation)
     steps = steps_per_epoch(cfg, batches)
     done_epochs, done_steps = (resume.epoch, resume.step) if resume else (0, 0)
     trained = ((cfg.epochs - done_epochs) * steps - done_steps) * cfg.batch_size * cfg.accumulate * world

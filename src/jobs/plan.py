@@ -81,6 +81,11 @@ def plan_job(cfg: DictConfig, hydra_cfg: DictConfig, follower: bool = False) -> 
     if rerun_of:
         cfg, name = rerun_config(cfg, overrides, tracking_uri(cfg))
     typed, device = validate(cfg)
+    if not (rerun_of or resume) and isinstance(typed.batch_size, int) and typed.effective_batch_size is not None:
+        raise UsageError(  # it trained batch_size x accumulate x ranks under another config hash
+            f"effective_batch_size={typed.effective_batch_size}: batch_size={typed.batch_size} ignores it (only "
+            "batch_size=auto or derived reads it): drop it, or set batch_size=derived"
+        )
     params = flatten(cfg) | content_params(typed.data)
     hashed = config_hash(params)
     finished, busy = None, None

@@ -412,9 +412,14 @@ class Trainer:
         return is_contended(others, own, gpu)
 
     def _patience_exhausted(self) -> bool:
-        """Early stopping: ``early_stop_patience`` epochs trained since the selected epoch (``select_by``)."""
+        """Early stopping: ``early_stop_patience`` epochs trained since the selected epoch (``select_by``). Only the
+        main rank validates and selects: with several ranks its decision is shared (one MAX all-reduce), or the
+        others trained on alone and failed the run when it left (Connection closed by peer)."""
         patience = self.cfg.early_stop_patience
         stop = patience is not None and self.best_state is not None and self.epoch - self.best_epoch >= patience
+        if patience is not None and self.rank.world > 1:
+            flag = torch.tensor(float(stop), device=self.device)
+            stop = bool(all_reduce({"stop": flag}, dist.ReduceOp.MAX)["stop"].item())
         if stop and self.rank.is_main:
             log.info(
                 "early stop after epoch %d: no better %s for %d epochs (best at epoch %d)",

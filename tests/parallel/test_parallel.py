@@ -16,7 +16,7 @@ import mlflow
 import pytest
 import torch
 
-from src.data import SeededPermutation
+from src.data import SeededPermutation, TensorLoader
 from src.errors import UsageError
 from src.parallel import dist
 from tests.helpers import ROOT, free_port, history, run_cli, run_process, runs, small_run
@@ -50,10 +50,24 @@ def run_tagged(*args: str, timeout: int = 600) -> tuple[subprocess.CompletedProc
 def test_rank_shards_together_are_the_single_process_batches():
     whole = SeededPermutation(101, seed=5).order()
     shards = [SeededPermutation(101, seed=5, rank=r, world=2).order() for r in range(2)]
-    assert [len(s) for s in shards] == [51, 51]
+    assert [len(s) for s in shards] == [50, 50]
     for step in range(6):  # batch 8 per rank == batch 16 in one process, as sets
         ranks = torch.cat([s[8 * step : 8 * step + 8] for s in shards])
         assert sorted(ranks.tolist()) == sorted(whole[16 * step : 16 * step + 16].tolist())
+
+
+@pytest.mark.parametrize(("n", "batch"), [(41, 3), (1335, 4), (101, 8), (1188, 4)])
+def test_ranks_take_the_single_process_steps_and_no_sample_twice(n, batch):
+    """An odd split at 2 ranks: 1,335 (VesselMNIST3D) at 2 x 4 took 167 steps, one sample twice, where one process
+    at 8 takes 166."""
+    one = TensorLoader(torch.arange(n), torch.arange(n), 2 * batch, SeededPermutation(n, 3), drop_last=True)
+    ranks = [
+        TensorLoader(torch.arange(n), torch.arange(n), batch, SeededPermutation(n, 3, rank=r, world=2), drop_last=True)
+        for r in range(2)
+    ]
+    assert len(ranks[0]) == len(ranks[1]) == len(one)
+    for whole, *shards in zip(one, *ranks, strict=True):
+        assert sorted(torch.cat([images for images, _ in shards]).tolist()) == sorted(whole[0].tolist())
 
 
 def test_rendezvous_holds_its_port_until_the_job_ends():
@@ -107,6 +121,17 @@ def test_ddp_follows_the_single_process_loss_trajectory(tmp_path, store, shared_
     # 20 steps on an Intel Xeon (2026-11-27), under 1e-5 on the AMD EPYCs before
     assert max(abs(a - b) for a, b in zip(*losses, strict=True)) < 1e-4
     assert {"mem/peak_mb/rank0", "mem/peak_mb/rank1"} <= set(two.data.metrics)
+
+
+def test_ddp_ranks_stop_early_together(tmp_path, store, shared_data):
+    """Only rank 0 validates: its early stop is every rank's (rank 1 trained on alone, the run FAILED)."""
+    stop = ("epochs=4", "limit_batches=1", "early_stop_patience=1", "optim.lr=0", "model.norm=group")
+    ddp = ("parallel=ddp", "parallel.nproc=2", "parallel.timeout_s=60")
+    result = run_cli(*small_run(tmp_path, store, shared_data, *stop, *ddp))  # lr 0, GroupNorm: val/loss stays
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    (run,) = runs(store)
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["stopped_epoch"] == 2 and run.data.metrics["best_epoch"] == 1
 
 
 @pytest.mark.slow

@@ -61,7 +61,8 @@ class Hooks:
 
 
 def steps_per_epoch(cfg: Config, batches: int) -> int:
-    """Optimizer steps of an epoch over ``batches`` training micro-batches, at most ``limit_batches`` of them."""
+    """Optimizer steps of an epoch over ``batches`` training micro-batches, at most ``limit_batches`` of them but one
+    step at least (``accumulate`` micro-batches, past a ``limit_batches`` below it: a sweep's smoke run still steps)."""
     micro = batches if cfg.limit_batches is None else min(cfg.limit_batches, batches)
     return max(1, micro // cfg.accumulate)
 

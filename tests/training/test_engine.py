@@ -112,6 +112,8 @@ def test_steps_per_epoch_follow_limit_and_accumulation(shared_data):
     trainer = trainer_for("batch_size=16", "accumulate=3", data_root=shared_data)
     assert trainer.steps_per_epoch == (1188 // 16) // 3
     assert trainer_for("batch_size=16", "accumulate=3", "limit_batches=7", data_root=shared_data).steps_per_epoch == 2
+    below = trainer_for("batch_size=16", "accumulate=4", "limit_batches=2", data_root=shared_data)
+    assert below.steps_per_epoch == 1  # one step, 4 micro-batches, past the cap (docs/configuration.md)
 
 
 def test_grad_clip_bounds_the_update(shared_data):

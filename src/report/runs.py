@@ -36,6 +36,7 @@ from src.report.analysis import (
     STEPS_TIMED,
     THROUGHPUT,
 )
+from src.tracking.identity import ADDED
 from src.tracking.store import search_all, tracking_uri
 from src.tracking.sweep import PARENT_ID_FILE, RUN_ID, SKIPPED_TAG, read_parent_id
 
@@ -268,7 +269,8 @@ def run_tags(run: Run) -> dict:
 
 
 def run_frame(client: mlflow.MlflowClient, runs: list[Run]) -> pd.DataFrame:
-    """One row per run: ``run_id``, ``status``, every param (string, ``""`` when a run lacks it; none named as one of
+    """One row per run: ``run_id``, ``status``, every param (string, ``""`` when a run lacks it, a key added since it
+    was logged at the value it trained as: :data:`~src.tracking.identity.ADDED`; none named as one of
     these columns, :data:`NOT_PARAMS`, which would overwrite or be overwritten), :data:`METRICS`, :data:`STEPS_TIMED`
     (an infinite value as logged, not as the store keeps it: :data:`FLOAT_MAX`) and :func:`run_tags`."""
     rows = [
@@ -282,6 +284,9 @@ def run_frame(client: mlflow.MlflowClient, runs: list[Run]) -> pd.DataFrame:
         for r in runs
     ]
     frame = pd.DataFrame(rows)
+    # a run logged before a key was added trained at its ADDED value (config_hash counts them as one configuration):
+    # read it so, or "" against that value makes the key swept and pairs no run across it
+    frame = frame.fillna({key: value for key, value in ADDED.items() if key in frame})
     params = param_columns(frame)
     frame[params] = frame[params].fillna("").astype(str)
     metrics = [*METRICS, STEPS_TIMED]

@@ -30,6 +30,7 @@ from src.report.analysis import (
 from src.report.analysis import paired_effects as find_pairs
 from src.report.runs import FOLDER_NAME_MAX, REPORTS, folder_name, run_frame
 from src.report.writer import FILES, mixed_note, report
+from src.tracking.identity import ADDED, config_hash
 from src.tracking.store import ensure_store, search_all
 from src.tracking.sweep import PARENT_ID_FILE
 from tests.helpers import run_cli
@@ -95,6 +96,22 @@ def test_a_sweep_run_twice_counts_each_configuration_once(tmp_path):
     listed = pd.read_csv(out / "runs.csv")
     assert len(listed) == 8 and listed[SET_ASIDE].sum() == 4
     assert set(listed.loc[listed[SET_ASIDE], "test/auc"].round(3)) == {0.8, 0.81}  # the first sweep's
+
+
+def test_runs_logged_before_a_key_was_added_pair_with_runs_logged_after_it(tmp_path):
+    """A sweep resumed across the addition of ``select_by`` and the other :data:`ADDED` keys: amp=false logged before
+    (no such params), amp=true after (at the values that train as before: the same config_hash scheme)."""
+    runs = []
+    for params, final, tags in amp_runs():
+        if params["amp"] == "True":
+            params = {**params, **ADDED}
+        runs.append((params, final, {**tags, CONFIG_HASH: config_hash(params)}))
+    _, uri, _ = store_with(tmp_path, "medsweep", runs)
+    out = report(report_config("mlflow.experiment=medsweep", f"mlflow.tracking_uri={uri}", f"out={tmp_path}/r"))
+    markdown = (out / "report.md").read_text()
+    assert "swept: `amp`, `seed`;" in markdown  # not select_by, data.labels, ...: "" is their ADDED value
+    assert [row["pairs"] for row in tables(markdown)["Paired effects"]] == ["2"]
+    assert pd.read_csv(out / "effects.csv")["dauc_mean"].tolist() == pytest.approx([0.01])
 
 
 # --- missing and non-finite metrics -----------------------------------------------------------------------

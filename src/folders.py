@@ -68,12 +68,12 @@ def release(folder: Path, refused: bool = False) -> None:
             path.rmdir()
 
 
-def release_claimed(refused: bool = False) -> None:
+def release_claimed() -> None:
     """:func:`release` each folder :func:`fresh` claimed in this process: at a command's end, those it left as Hydra
     made them go (Hydra resolves a default folder that a command's config or a flag replaces, e.g. ``src.memory``'s,
     ``--cfg``)."""
     for folder in reversed(list(CLAIMED)):  # the last first: an earlier one made the parents
-        release(folder, refused)
+        release(folder)
 
 
 def release_refused(hydra: DictConfig) -> None:

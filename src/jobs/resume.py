@@ -122,12 +122,12 @@ def explicit(cfg: DictConfig, overrides: list[str], uri: str) -> tuple[DictConfi
             f"rerun trains a finished run's config again: drop one"
         )
     folder = checkpoint_folder(value, uri)
-    if not (folder / checkpoint.FILE).is_file() and run_status(uri, value) == "FINISHED":  # its checkpoint deleted
-        raise UsageError(
-            f"resume={value}: run {value} is already FINISHED, there is nothing to resume: rerun={value} trains its "
-            f"config again"
-        )
     if not (folder / checkpoint.FILE).is_file():
+        if run_status(uri, value) == "FINISHED":  # its checkpoint deleted (checkpoint.keep=last)
+            raise UsageError(
+                f"resume={value}: run {value} is already FINISHED, there is nothing to resume: rerun={value} trains "
+                f"its config again"
+            )
         raise UsageError(
             f"resume={value}: no {checkpoint.FILE} in {folder} (the run stopped before its first "
             f"epoch ended, or is not a medsweep run folder): start the run again without resume"

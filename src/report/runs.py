@@ -147,8 +147,9 @@ def sweep_runs(client: mlflow.MlflowClient, parent: Run) -> list[Run]:
     config had finished: a sweep run again, or resumed) that are not among them; one warning counts those named but
     not found FINISHED (deleted, or the tag damaged)."""
     experiment_id, run_id = parent.info.experiment_id, parent.info.run_id
-    children = search_all(client, experiment_id, f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{run_id}'")
-    warn_deleted(client, experiment_id, f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{run_id}'", f"sweep run {run_id}")
+    of_parent = f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{run_id}'"
+    children = search_all(client, experiment_id, of_parent)
+    warn_deleted(client, experiment_id, of_parent, f"sweep run {run_id}")
     named = {v.rpartition(" -> ")[2] for k, v in parent.data.tags.items() if k.startswith(SKIPPED_TAG)}
     ids = sorted(named - {r.info.run_id for r in children})
     quoted = ", ".join(f"'{i}'" for i in ids if RUN_ID.fullmatch(i))  # a damaged tag's value is no run id to quote

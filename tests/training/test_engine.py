@@ -35,13 +35,15 @@ def tiny_net(num_classes: int = 2) -> nn.Module:
     )
 
 
-def trainer_for(*overrides: str, data_root, model: nn.Module | None = None) -> Trainer:
+def trainer_for(*overrides: str, data_root, model: nn.Module | None = None, width: int = 1) -> Trainer:
+    """A trainer on the real AdrenalMNIST3D file on the CPU; ``width``: devices sharing one loader batch
+    (``parallel=dp``), whose loaders give ``batch_size x width`` samples."""
     cfg = OmegaConf.to_object(
         compose_config("data=adrenalmnist3d", f"data.root={data_root}", "data.download=false", "device=cpu", *overrides)
     )
     cpu = torch.device("cpu")
     loaders = {
-        s: make_loader(cfg.data, t, cfg.batch_size, cfg.seed, s == "train", cpu)
+        s: make_loader(cfg.data, t, cfg.batch_size * width, cfg.seed, s == "train", cpu)
         for s, t in load_splits(cfg.data).items()
     }
     return Trainer(cfg, model or tiny_net(), loaders, cpu)

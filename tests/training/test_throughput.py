@@ -10,13 +10,10 @@ import time
 import psutil
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from src.data import load_splits, make_loader
 from src.training.meters import RUN_WARMUP, OtherLoad, ThroughputMeter, is_contended
-from src.training.trainer import Hooks, Trainer
-from tests.helpers import compose_config
-from tests.training.test_engine import tiny_net, trainer_for
+from src.training.trainer import Hooks
+from tests.training.test_engine import trainer_for
 
 CPU = torch.device("cpu")
 BURN = "import time\nend = time.time() + 60\nwhile time.time() < end: pass"
@@ -128,22 +125,7 @@ def test_a_run_is_contended_when_others_took_cores_it_could_have_used(others, ow
 
 def test_a_loader_batch_that_spans_gpus_counts_whole_in_samples_per_s_and_train_acc(shared_data):
     """parallel=dp: each micro-step trains one loader batch of batch_size x GPUs (build_trainer), all of it counted."""
-    cfg = OmegaConf.to_object(
-        compose_config(
-            "data=adrenalmnist3d",
-            f"data.root={shared_data}",
-            "data.download=false",
-            "device=cpu",
-            "batch_size=4",
-            "limit_batches=5",
-            "epochs=1",
-        )
-    )
-    loaders = {
-        s: make_loader(cfg.data, t, 2 * cfg.batch_size, cfg.seed, s == "train", CPU)
-        for s, t in load_splits(cfg.data).items()
-    }
-    trainer = Trainer(cfg, tiny_net(), loaders, CPU)
+    trainer = trainer_for("batch_size=4", "limit_batches=5", "epochs=1", data_root=shared_data, width=2)
     metrics = trainer.train_epoch(0)
-    assert metrics["perf/samples_per_s"] * metrics["perf/step_ms"] / 1000 == pytest.approx(2 * cfg.batch_size)
-    assert metrics["train/acc"] == trainer.correct.item() / (5 * 2 * cfg.batch_size) <= 1
+    assert metrics["perf/samples_per_s"] * metrics["perf/step_ms"] / 1000 == pytest.approx(2 * trainer.cfg.batch_size)
+    assert metrics["train/acc"] == trainer.correct.item() / (5 * 2 * trainer.cfg.batch_size) <= 1

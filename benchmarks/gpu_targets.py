@@ -164,12 +164,22 @@ def startup(folder: Path) -> Reading | None:
     )
 
 
+CUT = {"124", "137"}  # gpu_session.sh's ``timeout -k``: the phase ran past its time cap and was stopped
+
+
 def wall(folder: Path, phase: str) -> Reading | None:
-    """A phase's wall seconds from ``wall.tsv``, where it exited 0."""
+    """A phase's wall seconds from ``wall.tsv``, from its last run that exited 0 or was cut at its time cap: a cut
+    run's seconds are a lower bound (it would have taken longer), so an ``at_most`` goal below them is missed, not
+    unmeasured. A run that failed otherwise measures nothing."""
     path = folder / "wall.tsv"
     rows = [line.split("\t") for line in path.read_text().splitlines()] if path.exists() else []
-    done = [float(seconds) for name, seconds, status in rows if name == phase and status == "0"]
-    return Reading(done[-1], f"{done[-1]:.0f} s") if done else None
+    ended = [(float(seconds), status) for name, seconds, status in rows if name == phase and status in {"0", *CUT}]
+    if not ended:
+        return None
+    seconds, status = ended[-1]
+    if status in CUT:
+        return Reading(seconds, f"> {seconds:.0f} s (cut at its time cap, exit {status})")
+    return Reading(seconds, f"{seconds:.0f} s")
 
 
 def readings(folder: Path) -> list[tuple[Target, Reading | None]]:

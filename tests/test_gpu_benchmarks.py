@@ -66,6 +66,24 @@ def test_the_targets_table_reads_each_part_and_says_what_was_not_measured(tmp_pa
         assert rows[name].endswith("| not measured | - |")
 
 
+@pytest.mark.parametrize(
+    ("rows", "cell"),
+    [
+        ("mission\t48\t0\n", "| 48 s | met |"),
+        ("mission\t240\t124\n", "| > 240 s (cut at its time cap, exit 124) | **missed** |"),
+        ("mission\t250\t137\n", "| > 250 s (cut at its time cap, exit 137) | **missed** |"),
+        ("mission\t30\t1\n", "| not measured | - |"),
+        ("mission\t48\t0\nmission\t240\t124\n", "| > 240 s (cut at its time cap, exit 124) | **missed** |"),
+    ],
+)
+def test_a_sweep_cut_at_its_time_cap_misses_the_wall_target(tmp_path, rows, cell):
+    """A mission sweep stopped by gpu_session.sh's timeout took longer than its cap (at least 90 s): missed, not
+    unmeasured; a sweep that failed otherwise measured nothing."""
+    (tmp_path / "wall.tsv").write_text(rows)
+    (row,) = [line for line in gpu_targets.table(tmp_path).splitlines() if line.startswith("| 12-job mission sweep")]
+    assert row.endswith(cell)
+
+
 def test_the_targets_of_a_missing_folder_are_one_error_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         gpu_targets.main([str(tmp_path / "nothing")])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tarfile
 
@@ -149,3 +150,17 @@ def test_the_session_script_on_the_cpu_runs_its_phases_and_brings_back_their_fil
         names = bundle.getnames()
     assert {"./main/mlflow.db", "./main/report/effects.csv", "./startup.log"} <= set(names)
     assert not [name for name in names if name.endswith((".pt", ".pth"))]
+
+
+def test_the_tests_phase_names_every_file_with_gpu_tests_the_graphs_first():
+    """The ``tests`` phase collects named files only: each file holding a ``gpu``-marked test is one of them, and
+    the CUDA graph's tests run first (a phase cut at its cap still ran them)."""
+    script = (ROOT / "benchmarks" / "gpu_session.sh").read_text()
+    named = script.split("gpu_tests=(", 1)[1].split(")", 1)[0].split()
+    marked = sorted(
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "tests").rglob("test_*.py")
+        if re.search(r"^(@pytest\.mark\.gpu|pytestmark = pytest\.mark\.gpu)$", path.read_text(), re.MULTILINE)
+    )
+    assert sorted(named) == marked
+    assert named[0] == "tests/training/test_cuda.py"

@@ -19,6 +19,7 @@ import torch
 
 from src.atomic import atomic_path, read_json_object
 from src.folders import CACHE_ENV
+from src.parallel.machine_share import GPU_JOBS_ENV, recorded
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -128,7 +129,11 @@ class OtherLoad:
 
 
 def other_gpu_processes(device: torch.device, job: psutil.Process) -> int:
-    """Processes outside the job holding a context on ``device`` (NVML); 0 where NVML cannot tell."""
+    """Processes outside the job holding a context on ``device`` (NVML); 0 where NVML cannot tell.
+
+    Where NVML lists none of the job's own processes, though the job holds a context there, its PIDs are not this
+    process's to compare: in a container NVML gives the host's PIDs (the job itself would count as another), under
+    MPS the server holds the contexts. Then the other jobs of its sweep on this GPU count (:data:`GPU_JOBS_ENV`)."""
     try:
         import pynvml
 
@@ -137,9 +142,12 @@ def other_gpu_processes(device: torch.device, job: psutil.Process) -> int:
         pids = {p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}
     except Exception:  # no NVML, an old driver, a MIG slice: not known
         return 0
+    own = {job.pid}
     with contextlib.suppress(psutil.Error):
-        pids -= {job.pid, *(p.pid for p in job.children(recursive=True))}
-    return len(pids)
+        own |= {p.pid for p in job.children(recursive=True)}
+    if not pids & own:
+        return int(recorded(GPU_JOBS_ENV) or 1) - 1
+    return len(pids - own)
 
 
 class ThroughputMeter:

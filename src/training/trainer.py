@@ -30,11 +30,11 @@ from src.resolve import resolve_amp_dtype, resolve_cuda_graphs
 from src.training import checkpoint
 from src.training.augment import Augment, step_generator
 from src.training.ema import WeightEMA
-from src.training.meters import MemoryMonitor, OtherLoad, ThroughputMeter, is_contended
+from src.training.meters import RUN_WARMUP, MemoryMonitor, OtherLoad, ThroughputMeter, is_contended
 from src.training.metrics import clinical_metrics, medmnist_metrics
 from src.training.optim import Precision, build_optimizer, build_scheduler, class_weights, make_capturable
 from src.training.selection import Selection
-from src.training.step_graph import Batch, GraphedStep
+from src.training.step_graph import WARMUP_STEPS, Batch, GraphedStep
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +133,8 @@ class Trainer:
         make_capturable(self.optimizer, self.device)
         self.precision = self._precision(cache_enabled=False)
         self.step_graph = GraphedStep(self._step_body, **capture)
+        # the first epoch a process meters leaves out the graph's eager steps and the step that captures it
+        self.meter = ThroughputMeter(self.device, first_warmup=max(RUN_WARMUP, WARMUP_STEPS + 1), load=self.meter.load)
 
     def _precision(self, cache_enabled: bool) -> Precision:
         return Precision.build(self.cfg.amp, resolve_amp_dtype(self.cfg, self.device), self.device, cache_enabled)

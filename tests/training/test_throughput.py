@@ -11,8 +11,12 @@ import psutil
 import pytest
 import torch
 
+from src.parallel.machine_share import GPU_JOBS_ENV
+from src.training import meters
 from src.training.meters import RUN_WARMUP, OtherLoad, ThroughputMeter, is_contended
+from src.training.step_graph import WARMUP_STEPS
 from src.training.trainer import Hooks
+from tests.helpers import graph_on_cpu
 from tests.training.test_engine import trainer_for
 
 CPU = torch.device("cpu")
@@ -129,3 +133,52 @@ def test_a_loader_batch_that_spans_gpus_counts_whole_in_samples_per_s_and_train_
     metrics = trainer.train_epoch(0)
     assert metrics["perf/samples_per_s"] * metrics["perf/step_ms"] / 1000 == pytest.approx(2 * trainer.cfg.batch_size)
     assert metrics["train/acc"] == trainer.correct.item() / (5 * 2 * trainer.cfg.batch_size) <= 1
+
+
+class FakeNvml:
+    """pynvml's calls ``other_gpu_processes`` makes, listing ``pids`` on the GPU: a stand-in, as NVML needs a GPU
+    this machine lacks (the real path runs in the gpu session's sweeps)."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:
+        return uuid
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: str) -> list:
+        return [type("Process", (), {"pid": pid})() for pid in self.pids]
+
+
+@pytest.mark.parametrize(
+    ("listed", "gpu_jobs", "expected"),
+    [
+        (["own", 1, 2], None, 2),  # NVML sees this PID namespace: the others are counted
+        (["own"], "4", 0),  # the job alone where NVML lists it, whatever the sweep recorded
+        ([4_000_001], None, 0),  # a container: NVML's PID is the host's (this job): not another process
+        ([4_000_001], "4", 3),  # ... then the sweep's other jobs on this GPU
+        ([], "2", 1),  # MPS, or NVML lists nothing here
+    ],
+)
+def test_other_gpu_processes_where_nvml_does_not_list_the_jobs_own_pid(monkeypatch, listed, gpu_jobs, expected):
+    job = psutil.Process()
+    pids = [job.pid if pid == "own" else pid for pid in listed]
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(pids))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("Props", (), {"uuid": "x"})())
+    if gpu_jobs is None:
+        monkeypatch.delenv(GPU_JOBS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(GPU_JOBS_ENV, gpu_jobs)
+    assert meters.other_gpu_processes(torch.device("cuda"), job) == expected
+
+
+def test_a_graphed_run_does_not_time_the_steps_before_and_of_its_capture(shared_data):
+    """The graph's eager steps and the step that captures it (``WARMUP_STEPS + 1``) stay out of the first epoch's
+    timing; later epochs leave out one step, as eager runs do."""
+    trainer = graph_on_cpu(trainer_for("batch_size=4", "limit_batches=8", "epochs=2", data_root=shared_data))
+    for epoch in range(2):
+        trainer.train_epoch(epoch)
+    timed = [epoch["perf/steps_timed"] for epoch in trainer.timed]
+    assert timed == [8 - (WARMUP_STEPS + 1), 8 - 1] and trainer.captures == 1

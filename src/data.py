@@ -184,6 +184,15 @@ def ensure_file(cfg: DataConfig) -> Path:
     return path
 
 
+def exists(path: Path) -> bool:
+    """``path.exists()``, where an error other than its absence (a name too long, a folder that cannot be searched)
+    is one line."""
+    try:
+        return path.exists()
+    except OSError as err:
+        raise UsageError(f"cannot read {path} ({err.strerror}): set data.root=<a folder that can be read>") from None
+
+
 def check_file(cfg: DataConfig) -> bool:
     """Whether the verified `.npz` for ``cfg`` is there (False: :func:`ensure_file` will download or generate it);
     raises what :func:`ensure_file` or :func:`load_splits` would refuse, writing nothing (a dry run and a sweep's
@@ -192,7 +201,7 @@ def check_file(cfg: DataConfig) -> bool:
     if cfg.name == NIFTI:
         return volumes.check(cfg)
     path = npz_path(cfg)
-    if path.exists() and not path.is_file():  # a FIFO would block the read for ever
+    if exists(path) and not path.is_file():  # a FIFO would block the read for ever
         raise UsageError(f"{path} is not a file: {replace_fix(path)}")
     if cfg.name == SYNTHETIC:
         if path.exists():

@@ -259,6 +259,14 @@ def test_a_fifo_in_place_of_the_file_is_refused_not_read(tmp_path):
     assert refusal(check_file, cfg) == f"{npz_path(cfg)} is not a file: {REGENERATE}"
 
 
+def test_a_data_root_of_a_name_too_long_is_one_line(tmp_path):
+    """Path.exists raised ENAMETOOLONG: a traceback."""
+    cfg = synthetic(tmp_path / ("x" * 300))
+    assert refusal(check_file, cfg) == (
+        f"cannot read {npz_path(cfg)} (File name too long): set data.root=<a folder that can be read>"
+    )
+
+
 def test_medmnist_keys_that_do_not_fit_the_dataset_name_its_values(shared_data):
     for key, value, held in (("num_classes", 3, 2), ("in_channels", 3, 1), ("task", "multi-class", "binary-class")):
         cfg = dataclasses.replace(adrenal(shared_data, download=False), **{key: value})

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from src.volumes.table import Table, read_table
 log = logging.getLogger(__name__)
 
 FORMAT = 1  # how a cache is made: bump it when the preprocessing changes
-FOLDER_CHARS = 100  # the folder's name in the cache's, cut to this (a file name is at most 255 bytes)
+FOLDER_BYTES = 100  # the folder's name in the cache's, cut to this many bytes of UTF-8 (a file name: 255 bytes at most)
 
 
 def preprocessing(cfg: DataConfig) -> dict[str, Any]:
@@ -58,7 +59,8 @@ def cache_path(cfg: DataConfig, table: Table) -> Path:
             raise UsageError(f"{table.at(row)}: {row.path} is not a file: put the volume there, or remove the row")
         key.update(f"{row.image}\0{row.label}\0{row.split}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
     folder = Path(os.environ[CACHE_ENV], "volumes") if os.environ.get(CACHE_ENV) else table.root / ".medsweep"
-    return folder / f"{NIFTI}_{table.root.resolve().name[:FOLDER_CHARS]}_{cfg.size}_{key.hexdigest()[:16]}.npz"
+    name = os.fsencode(table.root.resolve().name)[:FOLDER_BYTES].decode(errors="ignore")  # 100 of 漢 are 300 bytes
+    return folder / f"{NIFTI}_{name}_{cfg.size}_{key.hexdigest()[:16]}.npz"
 
 
 def check(cfg: DataConfig) -> bool:
@@ -81,14 +83,24 @@ def ensure(cfg: DataConfig) -> Path:
 
 
 def built(path: Path) -> bool:
-    """Whether the cache ``path`` is there and reads; a corrupt one (cut short, overwritten) is built again, a folder
-    in its place refused."""
-    if path.is_dir():
-        raise UsageError(f"the cache {path} is a folder: remove it (data=nifti builds the cache in its place)")
-    if not path.exists():
-        return False
+    """Whether the cache ``path`` is there and reads, every array checked against its CRC; a corrupt one (cut short,
+    overwritten, in part) is built again, a folder in its place refused."""
+    try:
+        if path.is_dir():
+            raise UsageError(f"the cache {path} is a folder: remove it (data=nifti builds the cache in its place)")
+        if not path.exists():
+            return False
+    except OSError as err:  # Path's checks raise for a name too long in CACHE_ENV, a folder that cannot be searched
+        raise UsageError(
+            f"cannot read the cache {path} ({err.strerror}): make {path.parent} a folder that can be read and "
+            f"written, or set {CACHE_ENV}=<a writable folder> to keep it there"
+        ) from None
     try:
         read_meta(path)
+        with zipfile.ZipFile(path) as archive:  # every array's CRC: the meta reads in a file damaged before it
+            damaged = archive.testzip()
+        if damaged is not None:
+            raise zipfile.BadZipFile(f"bad CRC-32 for {damaged}")
     except Exception as err:  # numpy, zipfile and json raise assorted errors on a bad file
         log.warning("the cache %s does not read (%s): building it again", path, err)
         return False

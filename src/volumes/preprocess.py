@@ -56,8 +56,11 @@ def read_header(table: Table, row: Row) -> Header:
     0.0001 mm) and a direction of its own along each axis refused."""
     import nibabel as nib  # here: every command imports src.data, few build a cache
 
-    try:
-        image = nib.load(row.path)
+    monai_transforms()  # MONAI imported with torchvision kept out, before its data utilities
+    from monai.data.utils import correct_nifti_header_if_necessary
+
+    try:  # the affine MONAI's NibabelReader resamples with: an sform that disagrees with pixdim gives way to the qform
+        image = correct_nifti_header_if_necessary(nib.load(row.path))
         affine, shape, dtype = image.affine, image.shape, image.get_data_dtype()
     except Exception as err:  # nibabel and gzip raise assorted errors on a bad file
         raise unreadable(table, row, err) from None
@@ -67,6 +70,11 @@ def read_header(table: Table, row: Row) -> Header:
         raise UsageError(
             f"{table.at(row)}: {row.image} holds {dtype} voxels, not real numbers: save it as real values (the "
             f"magnitude of complex data; colour as 4-D channels), or drop the row"
+        )
+    if not np.isfinite(affine).all():  # a NaN origin passes the voxel sizes, and resampling makes the cube blank
+        raise UsageError(
+            f"{table.at(row)}: {row.path} has NaN or infinite numbers in its affine ({affine[:3].tolist()}): give its "
+            f"header an sform or qform of finite numbers, or drop the row"
         )
     sizes = nib.affines.voxel_sizes(affine).round(4)
     positive = np.isfinite(sizes).all() and sizes.min() > 0

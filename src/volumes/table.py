@@ -77,7 +77,8 @@ def read_table(cfg: DataConfig) -> Table:
 
 def read_csv(path: Path) -> Records:
     """``(line, {column: stripped value})`` per row; the columns and empty cells checked."""
-    if path.exists() and not path.is_file():  # a FIFO would block the read for ever
+    # os.path's checks, not Path's: False, not an OSError, for a name too long (the open below names it)
+    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO would block the read for ever
         raise UsageError(f"{path} is not a file: write the labels CSV there, or set data.labels=<its path>")
     try:
         with path.open(newline="", encoding="utf-8-sig") as f:
@@ -129,6 +130,9 @@ def check_repeated(path: Path, root: Path, records: Records) -> None:
 def class_indices(cfg: DataConfig, path: Path, records: Records) -> tuple[list[str], list[int]]:
     """The class names in class order and each row's class index."""
     labels = [(line, record["label"]) for line, record in records]
+    if cfg.classes and all(label in cfg.classes for _, label in labels):  # names, also those that read as indices:
+        lookup = {name: k for k, name in enumerate(cfg.classes)}  # data.classes=[1,0] puts the rows labelled 1 first
+        return list(cfg.classes), [lookup[label] for _, label in labels]
     named = [(line, label) for line, label in labels if not INDEX.fullmatch(label)]
     if named and len(named) < len(labels):
         (line, name), (index_line, index) = named[0], next(item for item in labels if INDEX.fullmatch(item[1]))

@@ -124,6 +124,16 @@ def test_volumes_in_other_orientations_and_spacings_come_out_as_their_ras_isotro
             assert difference.max() <= 8 and difference.mean() < 1, (name, difference.max(), difference.mean())
 
 
+def test_the_headers_are_read_with_the_affine_monai_resamples_with(tmp_path):
+    """An sform that disagrees with the header's pixdim (nibabel's set_sform leaves pixdim): MONAI's reader takes the
+    qform, so the spacings seen, the median and the size guard must too, or the volume is resampled at another scale
+    than they assume."""
+    six(tmp_path)
+    with_sform(tmp_path / "a0.nii.gz", np.diag([2.0, 2.0, 2.0, 1.0]))  # its pixdim stays 1 mm
+    meta = read_meta(ensure(nifti(tmp_path, "data.size=16")))
+    assert meta["spacings"] == [[[1.0, 1.0, 1.0], 6]] and meta["spacing"] == [1.0, 1.0, 1.0]
+
+
 def test_default_spacing_is_the_training_median_and_keys_are_recorded(tmp_path):
     zooms = {"t1": 1.0, "t2": 2.0, "t3": 4.0, "v": 9.0, "s": 9.0}  # along S; val and test do not count
     for name, z in zooms.items():
@@ -237,7 +247,17 @@ def test_a_folder_of_a_long_name_names_a_cache_that_fits_a_file_name(tmp_path, m
     assert ensure(cfg).name.startswith(f"nifti_{'x' * 100}_16_")
 
 
-@pytest.mark.parametrize("spoil", ["random-bytes", "empty", "half"])
+def test_a_folder_named_in_a_wide_script_names_a_cache_that_fits_a_file_name(tmp_path, monkeypatch):
+    """100 characters of 3 bytes each would make the name 330 bytes, past the 255 a file name may have."""
+    monkeypatch.delenv("MEDSWEEP_CACHE_DIR")
+    root = six(tmp_path / ("漢" * 80))
+    cfg = OmegaConf.to_object(compose_config("data=nifti", f'data.root="{root}"', "data.size=16")).data  # quoted
+    path = ensure(cfg)
+    assert path.name.startswith(f"nifti_{'漢' * 33}_16_") and len(os.fsencode(path.name)) <= 255
+    assert check_file(cfg)
+
+
+@pytest.mark.parametrize("spoil", ["random-bytes", "empty", "half", "overwritten-inside"])
 def test_a_corrupt_cache_is_built_again(tmp_path, spoil):
     cfg = nifti(six(tmp_path), "data.size=16")
     path = ensure(cfg)
@@ -246,6 +266,7 @@ def test_a_corrupt_cache_is_built_again(tmp_path, spoil):
         "random-bytes": np.random.default_rng(0).bytes(len(whole)),
         "empty": b"",
         "half": whole[: len(whole) // 2],
+        "overwritten-inside": whole[:600] + b"\xff" * 100 + whole[700:],  # in train_images: the meta reads
     }
     path.write_bytes(spoilt[spoil])
     assert not check_file(cfg) and path.read_bytes() == spoilt[spoil]  # a dry run: to be built, nothing written
@@ -284,6 +305,19 @@ def test_a_cache_folder_that_is_a_file_is_one_line(tmp_path, monkeypatch):
     )
 
 
+def test_a_cache_folder_of_a_name_too_long_is_one_line(tmp_path, monkeypatch):
+    six(tmp_path)
+    monkeypatch.setenv("MEDSWEEP_CACHE_DIR", str(tmp_path / ("x" * 300)))
+    cfg = nifti(tmp_path, "data.size=16")
+    for check in (check_file, ensure):
+        assert re.fullmatch(
+            rf"cannot read the cache {re.escape(str(tmp_path))}/x{{300}}/volumes/nifti_\S+\.npz \(File name too "
+            rf"long\): make \S+ a folder that can be read and written, or set MEDSWEEP_CACHE_DIR=<a writable folder> "
+            rf"to keep it there",
+            refusal(check, cfg),
+        )
+
+
 # ---------------------------------------------------------------- the CSV: classes and splits
 
 
@@ -303,6 +337,16 @@ def test_integer_labels_are_class_indices(tmp_path):
     cfg = nifti(folder(tmp_path, rows), "data.num_classes=3", "data.task=multi-class")
     assert class_names(cfg) == ["0", "1", "2"]
     assert load_splits(cfg)["train"][1].tolist() == [0, 1, 2]
+
+
+def test_labels_that_are_all_in_data_classes_are_its_names_even_digits(tmp_path):
+    """``data.classes=[1,0]`` on labels 1 and 0 names the order of those labels: read as indices, the rows labelled 1
+    would be class 1, named "0"."""
+    rows = [(f"v{i}.nii.gz", i % 2, ("train", "val", "test")[i // 2]) for i in range(6)]
+    cfg = nifti(folder(tmp_path, rows), "data.classes=[1,0]")
+    assert class_names(cfg) == ["1", "0"]
+    assert load_splits(cfg)["train"][1].tolist() == [1, 0]  # v0 labelled 0, v1 labelled 1
+    assert class_names(nifti(tmp_path, "data.classes=[normal,tumour]")) == ["normal", "tumour"]  # indices, named
 
 
 def test_without_a_split_column_each_class_is_split_by_the_fractions_and_seed(tmp_path):
@@ -330,6 +374,7 @@ def bad_cases(root: Path) -> dict[str, tuple[tuple[str, ...], str]]:
     return {
         "no-root": (("data.root=/nonexistent/scans",), "data.root=/nonexistent/scans is not a folder: set data.root="),
         "no-csv": (("data.labels=/nonexistent/labels.csv",), "/nonexistent/labels.csv not found: write the labels CSV"),
+        "long-csv": ((f"data.labels={root}/{'x' * 300}.csv",), f"{root}/{'x' * 300}.csv is not a readable CSV (["),
         "columns": ((), f"{csv} has columns ['image', 'class', 'split'], not label: start it with the header line"),
         "missing-file": ((), f"{csv} line 3: cannot read {root / 'gone.nii.gz'} (No such file or directory): fix"),
         "unreadable": ((), f"{csv} line 2: {root / 'a0.nii.gz'} is not a volume nibabel reads ("),
@@ -348,6 +393,7 @@ def bad_cases(root: Path) -> dict[str, tuple[tuple[str, ...], str]]:
         ),
         "zero-affine": ((), f"{csv} line 2: {root / 'a0.nii.gz'} has a degenerate affine (voxel sizes [0.0, 0.0, 0.0]"),
         "parallel-axes": ((), f"{csv} line 3: {root / 'b0.nii.gz'} has a degenerate affine (voxel sizes [1.0, 1.0,"),
+        "nan-origin": ((), f"{csv} line 2: {root / 'a0.nii.gz'} has NaN or infinite numbers in its affine ([[1.0,"),
         "tiny-voxels": (
             (),
             f"{csv} line 4: a1.nii.gz (1 x 1 x 1 mm voxels) resampled to [0.001, 0.001, 0.001] mm would be 12000 x "
@@ -420,6 +466,8 @@ def prepare(root: Path, case: str) -> None:
         )
     elif case == "zero-affine":
         with_sform(root / "a0.nii.gz", np.zeros((4, 4)))
+    elif case == "nan-origin":  # voxel sizes fine: the cube came out blank
+        with_sform(root / "a0.nii.gz", np.array([[1, 0, 0, np.nan], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]))
     elif case == "parallel-axes":
         with_sform(root / "b0.nii.gz", np.array([[1, 1, 0, 0], [0, 0, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]))
     elif case == "tiny-voxels":  # the training median 0.001 mm: the other volumes 1000x on each side

@@ -123,6 +123,7 @@ def planned_twice(plan: Plan, client, run_id: str) -> bool:
         return False
     client.set_terminated(run_id, "KILLED")
     client.delete_run(run_id)
+    outcome.list_on_parent(client, plan, twin)
     log.info(
         "run %s of this config started just before this job's run %s (two commands planned it at once): "
         "this job trains nothing, its run deleted",
@@ -160,7 +161,7 @@ def in_sweep(cfg: DictConfig, run: Callable[[], float], preemption: Preemption) 
         with ended_with_parent(holder(sweep_dir)):
             result = run()
     except PreemptedExit:
-        if preemption.signum is not None and preemption.signum == requeue_signal():
+        if preemption.signum is not None and preemption.signum == requeue_signal() and preemption.refused is None:
             raise  # submitit requeues the job, which resumes by itself: the sweep goes on
         write_stop(sweep_dir, signalled(preemption.signum or signal.SIGTERM))
         return math.nan

@@ -44,17 +44,24 @@ STORE_ERRORS = (MlflowException, SQLAlchemyError, RequestException, sqlite3.Erro
 def skip(plan: Plan) -> float:
     """Train nothing: log why, list the job on the sweep's parent run, return the finished run's objective (NaN for
     a run a live process trains: :func:`src.jobs.resume.resumable` logged it)."""
+    client = mlflow.MlflowClient(plan.tracking_uri)
     if plan.busy:
+        list_on_parent(client, plan, plan.busy)  # another command trains it: the sweep's report finds it once FINISHED
         return float("nan")
     done = plan.finished
     same = "config" if plan.cfg.skip_finished == "config" else f"config and code_fingerprint {code_fingerprint()}"
     log.info("skipping %s: run %s FINISHED with the same %s", plan.run_name, done.info.run_id, same)
-    client = mlflow.MlflowClient(plan.tracking_uri)
+    list_on_parent(client, plan, done.info.run_id)
+    return best_metric(client, done.info.run_id, plan.cfg.objective)
+
+
+def list_on_parent(client: mlflow.MlflowClient, plan: Plan, run_id: str) -> None:
+    """In a sweep, tag its parent run ``skipped.<job>`` = ``<overrides> -> <run_id>``: the run that stands for this
+    job, which trained nothing (``src.report`` reads the FINISHED runs these tags name)."""
     if parent_id := job_parent_id():
         RunLogger(client, parent_id).set_tags(
-            {f"{SKIPPED_TAG}{plan.job_num}": f"{' '.join(plan.overrides)} -> {done.info.run_id}"}
+            {f"{SKIPPED_TAG}{plan.job_num}": f"{' '.join(plan.overrides)} -> {run_id}"}
         )
-    return best_metric(client, done.info.run_id, plan.cfg.objective)
 
 
 def attempts(cfg: Config) -> Iterator[Config]:

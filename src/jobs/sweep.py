@@ -29,7 +29,7 @@ from omegaconf.errors import OmegaConfBaseException
 from src.cli import one_line
 from src.errors import UsageError, exit_with
 from src.folders import check_hydra_files, check_no_chdir, check_own_folder, writable
-from src.jobs.sweep_checks import SweepJob, checked_jobs
+from src.jobs.sweep_checks import SweepJob, checked_jobs, grid
 from src.parallel.preemption import exit_code
 from src.tracking.identity import run_name
 
@@ -104,6 +104,27 @@ def check_job_folders(sweep_dir: Path, jobs: list[SweepJob]) -> None:
             raise UsageError(f"{folders[outer]} {outer} holds {folders[inner]} {inner}: {fix}")
 
 
+def told_failures() -> None:
+    """Let the Optuna sweeper record a failed trial: a job that trained nothing to the end (stopped by a signal, out
+    of memory, diverged, failed) returns NaN, which hydra-optuna-sweeper 1.3 then tells Optuna as ``FAIL`` with that
+    value; Optuna 2.10 refuses values with ``FAIL`` (``ValueError: Values were told...``), a traceback that ended the
+    sweep (exit 1) however the job ended. Told without its value the trial is a failed one, and the sweep goes on or
+    stops as its jobs say. Idempotent; the main process only (where the sweeper runs)."""
+    import optuna
+
+    tell = optuna.study.Study.tell
+    if getattr(tell, "told_failures", False):
+        return
+
+    def told(self, trial, values=None, state=optuna.trial.TrialState.COMPLETE):
+        if state in (optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED):
+            values = None
+        return tell(self, trial, values, state)
+
+    told.told_failures = True
+    optuna.study.Study.tell = told
+
+
 class Sweep(Callback):
     """Hydra callback of a sweep's main process; see the module's docstring."""
 
@@ -119,6 +140,8 @@ class Sweep(Callback):
             jobs = checked_jobs(config)
             writable(sweep_dir, f"hydra.sweep.dir={sweep_dir}")
             check_job_folders(sweep_dir, jobs)
+            if not grid(config):
+                told_failures()
             from src.jobs.sweep_main import open_sweep  # MLflow, the plans: once every job's config passed its checks
 
             self.main = open_sweep(config, jobs)

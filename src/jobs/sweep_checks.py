@@ -41,6 +41,7 @@ LAUNCHER_MINIMA = {  # the launchers' counts (joblib, submitit) and their least 
     "signal_delay_s": 0,
     "max_num_timeout": 0,
 }
+SWEEPER_MINIMA = {"n_trials": 1, "n_jobs": 1}  # Optuna's counts: fewer trials run none, and its sweep's end fails
 
 
 def grid(config: DictConfig) -> bool:
@@ -75,6 +76,13 @@ def check_launcher(config: DictConfig) -> None:
             f"machine lacks {' and '.join(missing)}: start the sweep on a SLURM login node, or use "
             "hydra/launcher=joblib or submitit_local here"
         )
+    joblib = str(OmegaConf.select(config, "hydra.launcher._target_", default="")).endswith(".JoblibLauncher")
+    if joblib and (timeout := OmegaConf.select(config, "hydra.launcher.timeout", default=None)) is not None:
+        raise UsageError(
+            f"hydra.launcher.timeout={timeout}: joblib kills the jobs still running when it passes, mid-step, and "
+            "the sweep ends in a traceback, their runs left RUNNING: leave it null (epochs and limit_batches bound a "
+            "job's time)"
+        )
     for key, least in LAUNCHER_MINIMA.items():
         value = OmegaConf.select(config, f"hydra.launcher.{key}", default=None)
         if value is None or (key == "n_jobs" and value == -1):
@@ -82,6 +90,18 @@ def check_launcher(config: DictConfig) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < least:
             extra = " or -1 (one job per CPU)" if key == "n_jobs" else ""
             raise UsageError(f"hydra.launcher.{key}={value} must be a number >= {least}{extra}")
+
+
+def check_sweeper(config: DictConfig) -> None:
+    """A sweeper that picks its trials (Optuna): its ``n_trials`` and ``n_jobs`` whole numbers >= 1. With none, no
+    trial ran and Optuna failed at the sweep's end (``ValueError: No trials are completed yet``, or a division by
+    zero for ``n_jobs`` <= 0), a traceback after the parent run was made."""
+    if grid(config):
+        return
+    for key, least in SWEEPER_MINIMA.items():
+        value = OmegaConf.select(config, f"hydra.sweeper.{key}", default=None)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            raise UsageError(f"hydra.sweeper.{key}={value} must be a whole number >= {least}")
 
 
 @contextlib.contextmanager
@@ -117,6 +137,7 @@ def checked_jobs(config: DictConfig) -> list[SweepJob]:
     :class:`UsageError` naming the job."""
     check_known_keys(config, config.hydra.overrides.task)
     check_launcher(config)
+    check_sweeper(config)
     loader = GlobalHydra.instance().config_loader()
     overrides_of = sweep_jobs(config)
     if not overrides_of:

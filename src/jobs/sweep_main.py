@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import copy
 import logging
 import signal
 import sys
@@ -15,14 +16,14 @@ from pathlib import Path
 
 import mlflow
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 from src.config import Device
 from src.data import check_file, ensure_file
 from src.folders import held
 from src.jobs.plan import plan_job, resolve_batch
 from src.jobs.sweep import MPS_DIR, STOP_FILE, Stop, read_stop, signalled, write_stop
-from src.jobs.sweep_checks import SweepJob, handed_at_once
+from src.jobs.sweep_checks import SweepJob, grid, handed_at_once
 from src.parallel import machine_share, mps
 from src.parallel.launch import launcher_jobs
 from src.parallel.preemption import SignalWatcher
@@ -31,6 +32,8 @@ from src.tracking.store import check_store, ensure_store, store_exists, tracking
 from src.tracking.sweep import close_parent, open_parent
 
 log = logging.getLogger(__name__)
+
+FIXED_CONFIG_DIR = ".fixed-config"  # in the sweep folder, never made: where an Optuna sweep's fixed config is planned
 
 
 def open_sweep(config: DictConfig, jobs: list[SweepJob]) -> SweepMain | None:
@@ -47,7 +50,7 @@ def open_sweep(config: DictConfig, jobs: list[SweepJob]) -> SweepMain | None:
     kept.enter_context(machine_share.shared(at_once))  # before the plans: each job checks its share of the memory
     for job in jobs:
         with job.named():
-            check_plan(job, dry=config.dry_run)
+            check_plan(job, dry=config.dry_run, trial=not grid(config))
     sharing = mps.sharing(config.gpu_share, at_once, gpus)
     if config.dry_run:
         return None
@@ -58,10 +61,18 @@ def open_sweep(config: DictConfig, jobs: list[SweepJob]) -> SweepMain | None:
     return SweepMain(config, client, sweep_dir, kept)
 
 
-def check_plan(job: SweepJob, dry: bool) -> None:
-    """Plan the job as it will plan itself and check its data, downloading or generating it unless ``dry``."""
+def check_plan(job: SweepJob, dry: bool, trial: bool = False) -> None:
+    """Plan the job as it will plan itself and check its data, downloading or generating it unless ``dry``. A
+    ``trial`` (the fixed config of a sweeper that picks its trials: Optuna) is planned in no trial's folder: the
+    folder of its number holds what an earlier trial there left (its ``best.pt``, its checkpoint), and each trial
+    plans its own folder when it runs."""
+    hydra_cfg = job.hydra
+    if trial:
+        hydra_cfg = copy.deepcopy(job.hydra)
+        with open_dict(hydra_cfg):
+            hydra_cfg.runtime.output_dir = str(Path(job.hydra.sweep.dir).resolve() / FIXED_CONFIG_DIR)
     with quiet():
-        plan = plan_job(job.task, job.hydra)
+        plan = plan_job(job.task, hydra_cfg)
     if plan.finished or plan.busy:
         return
     (check_file if dry else ensure_file)(plan.cfg.data)

@@ -74,6 +74,7 @@ class Preemption:
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.refused: str | None = None  # why submitit did not requeue the job its signal stopped
         self._previous: dict[int, object] = {}
         self._children: Sequence = ()
 
@@ -121,10 +122,16 @@ class Preemption:
             self._children = ()
 
     def hand_over(self) -> None:
-        """Call submitit's handler when its requeue signal stopped the job (it requeues the job and exits)."""
+        """Call submitit's handler when its requeue signal stopped the job: it requeues the job and exits, or refuses
+        (a job timed out more than ``max_num_timeout`` times: 0 in ``conf/hydra/launcher/submitit_slurm.yaml``) with
+        an error, recorded in :attr:`refused`; the job then stops as SIGTERM stops it, resumable."""
         previous = self._previous.get(self.signum)
         if self.signum == requeue_signal() and callable(previous):
-            previous(self.signum, None)
+            try:
+                previous(self.signum, None)
+            except Exception as refused:  # submitit's UncompletedJobError: not a failure of the job
+                self.refused = str(refused)
+                log.warning("submitit did not requeue this job: %s", refused)
 
     @property
     def exit_code(self) -> int:

@@ -99,3 +99,34 @@ def test_a_finished_single_run_is_skipped_unless_skip_finished_is_false(tmp_path
     assert second.info.status == "FINISHED"
     assert second.data.tags["config_hash"] == first.data.tags["config_hash"]
     assert second.data.metrics["test/auc"] == first.data.metrics["test/auc"]
+
+
+def test_a_job_whose_config_another_command_trains_now_is_listed_on_its_sweeps_parent_run(tmp_path, store, monkeypatch):
+    """Two sweeps sharing a config on one store: the one that found it training in the other trained nothing and
+    named nothing, so its report left the config out (`report of 1 runs` for a sweep of 2 jobs, exit 0)."""
+    from types import SimpleNamespace
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import open_dict
+
+    from src.jobs import outcome
+    from src.tracking.sweep import PARENT_ID_FILE, SKIPPED_TAG
+
+    client = ensure_store(store)
+    experiment = client.create_experiment("e")
+    parent = client.create_run(experiment).info.run_id
+    other = client.create_run(experiment).info.run_id  # the other command's run of this config, training now
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / PARENT_ID_FILE).write_text(parent)
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        composed = compose("config", [f"hydra.sweep.dir={sweep}"], return_hydra_config=True)
+    with open_dict(composed):
+        composed.hydra.mode = RunMode.MULTIRUN
+    monkeypatch.setattr(HydraConfig.instance(), "cfg", None)
+    HydraConfig.instance().set_config(composed)
+    plan = SimpleNamespace(busy=other, finished=None, tracking_uri=store, job_num=3, overrides=["seed=0"])
+    assert outcome.skip(plan) != outcome.skip(plan)  # NaN: no result of its own yet
+    assert client.get_run(parent).data.tags[f"{SKIPPED_TAG}3"] == f"seed=0 -> {other}"

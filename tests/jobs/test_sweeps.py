@@ -14,14 +14,15 @@ from pathlib import Path
 import mlflow
 import psutil
 import pytest
+from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from src.errors import UsageError
 from src.folders import check_own_folder, fresh, held, keep, release
 from src.jobs.sweep import check_job_folders
-from src.jobs.sweep_checks import SweepJob
+from src.jobs.sweep_checks import SweepJob, check_launcher, check_sweeper
 from src.parallel.preemption import Preemption
-from tests.helpers import ROOT, kill_group, run_cli, runs, small_run
+from tests.helpers import ROOT, compose_config, kill_group, run_cli, runs, small_run
 
 JOBLIB = ("hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
 TRAINING = ("epochs=2", "limit_batches=40")  # ~10 s of steps a job on 1 thread: long enough to be stopped in
@@ -251,6 +252,10 @@ def test_each_job_of_a_sweep_has_a_folder_apart_from_the_sweeps_and_the_others(t
         (("model=resnet10,resnet7",), "error: job 1 (model=resnet7): model=resnet7 is not an option of model"),
         slow(("optim.lr=0.001,-1",), "error: job 1 (optim.lr=-1): optim.lr=-1.0 must be >= 0"),
         slow(("hydra.launcher.n_jobs=0", "seed=0,1"), "error: hydra.launcher.n_jobs=0 must be a number >= 1 or -1"),
+        slow(
+            ("preset=optuna", "hydra.sweeper.n_trials=0"), "error: hydra.sweeper.n_trials=0 must be a whole number >= 1"
+        ),
+        slow(("hydra.launcher.timeout=30", "seed=0,1"), "error: hydra.launcher.timeout=30.0: joblib kills the jobs"),
         slow(("tags=[status]", "seed=0,1"), "error: job 0 (seed=0): tags: status is a tag medsweep sets itself"),
     ],
 )
@@ -262,6 +267,33 @@ def test_a_bad_job_anywhere_in_a_sweep_stops_it_before_any_job_and_any_run(
     assert one_error_line(result).startswith(error)
     assert len(result.stderr.strip().splitlines()) == 1  # not Hydra's notice that the launcher's file is validated
     assert runs(store) == [] and not (tmp_path / "sweep" / "0").exists()
+
+
+@pytest.mark.parametrize(
+    "key,value", [("n_trials", 0), ("n_trials", -3), ("n_jobs", 0), ("n_jobs", -1), ("n_jobs", "2")]
+)
+def test_an_optuna_sweep_of_no_trial_or_no_trial_at_a_time_is_refused(key, value):
+    """n_trials=0 ended in Optuna's `ValueError: No trials are completed yet`, n_jobs=-1 in a ZeroDivisionError: both
+    tracebacks after the parent run was made."""
+    optuna = {"_target_": "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper", "n_trials": 3, "n_jobs": 1}
+    with pytest.raises(UsageError, match=rf"^hydra\.sweeper\.{key}={value} must be a whole number >= 1$"):
+        check_sweeper(OmegaConf.create({"hydra": {"sweeper": {**optuna, key: value}}}))
+    check_sweeper(OmegaConf.create({"hydra": {"sweeper": optuna}}))
+    grid = {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper", "n_jobs": 0}
+    check_sweeper(OmegaConf.create({"hydra": {"sweeper": grid}}))  # Hydra's grid sweeper reads no such count
+
+
+@pytest.mark.parametrize("timeout,refused", [(None, False), (30, True), (0.5, True)])
+def test_a_joblib_timeout_is_refused_as_it_kills_the_jobs_running_past_it(timeout, refused):
+    """`hydra.launcher.timeout=30`: after 30 s joblib raised multiprocessing's TimeoutError in the main process (exit 1,
+    a traceback) and killed its workers mid-step, both jobs' runs left RUNNING and the parent run FAILED."""
+    joblib = {"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", "n_jobs": 2}
+    config = OmegaConf.create({"hydra": {"launcher": {**joblib, "timeout": timeout}}})
+    if refused:
+        with pytest.raises(UsageError, match=rf"^hydra\.launcher\.timeout={timeout}: joblib kills the jobs"):
+            check_launcher(config)
+    else:
+        check_launcher(config)
 
 
 @pytest.mark.slow
@@ -475,3 +507,30 @@ def test_a_second_ctrl_c_stops_at_once():
         os.kill(os.getpid(), signal.SIGINT)
         assert preemption.signum == signal.SIGINT  # the first: recorded only
         os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_an_optuna_sweeps_fixed_config_is_planned_in_no_trials_folder(tmp_path, store):
+    """An Optuna sweep run again in its folder (`hydra.sweep.dir=...`, as docs/sweeps.md says: the seeded study
+    proposes the same trials, the finished ones skipped) was refused before any trial: its fixed config, planned in
+    folder 0, found trial 0's best.pt there (`error: job 0 (...): .../0 holds the tested weights of an earlier run`)."""
+    from src.jobs.sweep_main import check_plan
+
+    sweep = tmp_path / "sweep"
+    (sweep / "0").mkdir(parents=True)
+    (sweep / "0" / "best.pt").touch()  # trial 0's, which the fixed config's plan is not
+    overrides = ["data=synthetic", f"data.root={tmp_path / 'data'}", f"mlflow.tracking_uri={store}"]
+    task = compose_config(*overrides)
+    hydra_cfg = OmegaConf.create(
+        {
+            "runtime": {"output_dir": str(sweep / "0")},
+            "sweep": {"dir": str(sweep), "subdir": "0"},
+            "overrides": {"task": overrides},
+            "job": {"name": "train", "num": 0},
+            "mode": RunMode.MULTIRUN,
+        }
+    )
+    job = SweepJob(0, "job0", overrides, task, hydra_cfg)
+    with pytest.raises(UsageError, match="holds the tested weights of an earlier run"):
+        check_plan(job, dry=True)  # a grid sweep's job 0 trains in that folder: refused as before
+    check_plan(job, dry=True, trial=True)
+    assert sorted(p.name for p in sweep.iterdir()) == ["0"]  # the fixed config's folder is never made

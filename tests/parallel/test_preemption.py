@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import signal
 
 import mlflow
@@ -183,3 +184,73 @@ def test_submitits_timeout_signal_after_a_job_trained_ends_that_job_only(tmp_pat
 
     assert in_sweep(OmegaConf.create(), trained, preemption) == 0.9
     assert (read_stop(tmp_path) is not None) == stops
+
+
+def test_a_submitit_job_its_signal_stopped_that_submitit_will_not_requeue_stops_the_sweep_as_a_signal(
+    tmp_path, monkeypatch
+):
+    """submitit refuses to requeue a job that timed out more than ``max_num_timeout`` times (0 in the shipped
+    submitit_slurm preset: its first timeout) by raising from its handler: the checkpointed, KILLED, resumable job
+    was reported as failed (`error: job 0 (...) failed: UncompletedJobError: Job not requeued because: timed-out too
+    many times.`, exit 1, the parent run FAILED)."""
+    from src.jobs import outcome
+    from src.parallel.preemption import Preempted
+
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "local")
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        composed = compose("config", [f"hydra.sweep.dir={tmp_path}"], return_hydra_config=True)
+    with open_dict(composed):
+        composed.hydra.job.num = 0
+    monkeypatch.setattr(HydraConfig.instance(), "cfg", None)
+    HydraConfig.instance().set_config(composed)
+    preemption = Preemption()
+
+    def not_requeued(signum, frame):
+        raise RuntimeError("Job not requeued because: timed-out too many times.")  # submitit's UncompletedJobError
+
+    preemption._previous[signal.SIGUSR2] = not_requeued
+
+    class Run:
+        """Stand-ins here (the run, submitit's refusing handler): a real refusal comes after max_num_timeout real
+        timeouts of a submitit_local job, minutes each."""
+
+        run_id = "r"
+
+        def set_tags(self, tags):
+            self.tags = tags
+
+        def finish(self, status):
+            self.status = status
+
+    run = Run()
+
+    def stopped() -> float:
+        preemption.signum = signal.SIGUSR2
+        outcome.stop_preempted(run, Preempted("stopped at epoch 1 step 1/3"), preemption)
+        return 0.9
+
+    assert math.isnan(in_sweep(OmegaConf.create(), stopped, preemption))
+    assert run.status == "KILLED" and run.tags["preempted"] == "true"
+    stop = read_stop(tmp_path)
+    assert stop is not None and stop.error is None and stop.code == 128 + signal.SIGUSR2  # not "job 0 failed", exit 1
+
+
+def test_the_optuna_sweeper_records_a_trial_that_returned_nan_as_failed_and_goes_on(monkeypatch):
+    """A trial stopped by SIGTERM (or out of memory, diverged) returns NaN: hydra-optuna-sweeper told it FAIL with
+    that value, Optuna refused (`ValueError: Values were told. Values cannot be specified when state is ... FAIL`),
+    and `python -m src.train -m preset=optuna` ended in a traceback, exit 1, rather than `SIGTERM stopped the sweep`."""
+    import optuna
+
+    from src.jobs.sweep import told_failures
+
+    monkeypatch.setattr(optuna.study.Study, "tell", optuna.study.Study.tell)  # undone after the test
+    told_failures()
+    told_failures()  # once only
+    study = optuna.create_study(direction="maximize")
+    done, stopped = study.ask(), study.ask()
+    study.tell(done, 0.9)
+    with pytest.raises(ValueError, match="returned nan"):
+        study.tell(stopped, [float("nan")], optuna.trial.TrialState.COMPLETE)  # as the sweeper tells it first
+    study.tell(stopped, state=optuna.trial.TrialState.FAIL, values=[float("nan")])  # then as failed
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL]
+    assert study.best_trial.number == 0

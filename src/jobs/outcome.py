@@ -64,17 +64,21 @@ def list_on_parent(client: mlflow.MlflowClient, plan: Plan, run_id: str) -> None
         )
 
 
+def halved(cfg: Config) -> Config | None:
+    """The attempt after ``cfg`` ran out of memory: half the micro-batch and twice the accumulation (the same effective
+    batch), while ``oom_retry`` allows; None below one sample, or at one sample where BatchNorm cannot train on it."""
+    if not (cfg.oom_retry and cfg.batch_size > 1):
+        return None
+    half = dataclasses.replace(cfg, batch_size=cfg.batch_size // 2, accumulate=cfg.accumulate * 2)
+    return None if one_sample_fails(half) else half
+
+
 def attempts(cfg: Config) -> Iterator[Config]:
-    """The config, then, while ``oom_retry`` allows, half the micro-batch and twice the accumulation (the same
-    effective batch) after each out-of-memory attempt; not down to one sample where BatchNorm cannot train on it."""
-    while True:
-        yield cfg
-        if not (cfg.oom_retry and cfg.batch_size > 1):
-            return
-        half = dataclasses.replace(cfg, batch_size=cfg.batch_size // 2, accumulate=cfg.accumulate * 2)
-        if one_sample_fails(half):
-            return
-        cfg = half
+    """The config, then :func:`halved` after each out-of-memory attempt, while there is one."""
+    attempt: Config | None = cfg
+    while attempt is not None:
+        yield attempt
+        attempt = halved(attempt)
 
 
 def read_oom(output_dir: Path) -> dict[str, float] | None:
@@ -150,7 +154,7 @@ def closed_failed(run: RunLogger, cfg: Config, plan: Plan, error: BaseException)
     if oom is None:
         run.finish("FAILED")
         raise error
-    retry = cfg.oom_retry and cfg.batch_size > 1
+    retry = halved(cfg) is not None  # the rule attempts() follows: a retry announced is one that runs
     run.set_tags({"status": "oom", "retried": str(retry).lower()})
     run.log_metrics({**oom, "mem/predicted_mb": predict(cfg, plan.device).total_mb}, step=0)
     run.finish("FAILED")

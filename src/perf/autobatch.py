@@ -77,8 +77,12 @@ def usable_mb(budget: float, device: torch.device) -> float:
     return budget * (1 - CPU_HEADROOM) if device.type == "cpu" else budget
 
 
-def predicted_mb(cfg: Config, device: torch.device, batch_size: int) -> float:
-    return predict(dataclasses.replace(cfg, batch_size=batch_size), device, batch_size).total_mb
+def predicted_mb(cfg: Config, device: torch.device, batch_size: int, world: int = 1) -> float:
+    """The prediction of ``cfg`` trained at ``batch_size``, at the accumulation it then trains with (:func:`at_batch`:
+    ``effective_batch_size`` sets it, and an accumulated gradient step holds more than a single one)."""
+    target = cfg.effective_batch_size  # as at_batch sets it; at least 1 for a batch past the target (not a candidate)
+    accumulate = max(1, target // (batch_size * world)) if target else cfg.accumulate
+    return predict(dataclasses.replace(cfg, batch_size=batch_size, accumulate=accumulate), device, batch_size).total_mb
 
 
 def check_one_sample(cfg: Config) -> None:
@@ -112,12 +116,12 @@ def smallest_batch(cfg: Config) -> int:
     return 2 if cfg.model.norm is Norm.batch else 1
 
 
-def largest_predicted(cfg: Config, device: torch.device, budget: float, upper: int) -> int:
+def largest_predicted(cfg: Config, device: torch.device, budget: float, upper: int, world: int = 1) -> int:
     """The largest micro-batch up to ``upper`` predicted within ``budget`` (bisection; 0 if none)."""
     low, high = smallest_batch(cfg) - 1, upper
     while low < high:
         mid = (low + high + 1) // 2
-        low, high = (mid, high) if predicted_mb(cfg, device, mid) <= budget else (low, mid - 1)
+        low, high = (mid, high) if predicted_mb(cfg, device, mid, world) <= budget else (low, mid - 1)
     return low if low >= smallest_batch(cfg) else 0
 
 
@@ -165,7 +169,7 @@ def predicted_candidates(cfg: Config, device: torch.device, world: int) -> tuple
     whose optimizer step the training split fills (``accumulate`` kept where no ``effective_batch_size`` sets it)."""
     budget = budget_mb(cfg, device)
     steps = world * (1 if cfg.effective_batch_size else cfg.accumulate)
-    largest = largest_predicted(cfg, device, usable_mb(budget, device), split_sizes(cfg.data)["train"] // steps)
+    largest = largest_predicted(cfg, device, usable_mb(budget, device), split_sizes(cfg.data)["train"] // steps, world)
     return budget, candidates(cfg, world, largest)
 
 
@@ -191,7 +195,7 @@ def fit_batch(cfg: Config, device: torch.device, world: int) -> tuple[Config, di
     budget, batches = predicted_candidates(cfg, device, world)
     usable = usable_mb(budget, device)
     for batch in batches:
-        predicted = predicted_mb(cfg, device, batch)
+        predicted = predicted_mb(cfg, device, batch, world)
         try:
             measured = probe_peak_mb(cfg, device, batch)
         except torch.OutOfMemoryError:

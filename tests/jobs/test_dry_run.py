@@ -144,9 +144,9 @@ def test_a_single_dry_run_of_batch_size_auto_lists_the_predicted_batch_unprobed_
     """With a warm-up schedule too: the timed steps are one epoch, which a warm-up must not refuse."""
     auto = ("epochs=2", "warmup_epochs=1", "batch_size=auto", "effective_batch_size=8")
     cfg, device = validate(compose_config(*job_overrides(tmp_path, new_store, shared_data, *auto)))
-    budget = predict(cfg, device, 4).total_mb / (1 - CPU_HEADROOM) + 1  # room for 4 per step, not 8 (test_measure's)
+    peak = predict(dataclasses.replace(cfg, batch_size=4, accumulate=2), device).total_mb  # batch 4 trains 4 x 2
+    budget = peak / (1 - CPU_HEADROOM) + 1  # room for 4 per step, not 8 (test_measure's)
     overrides = job_overrides(tmp_path, new_store, shared_data, *auto, f"mem_budget_mb={budget}")
-    peak = predict(dataclasses.replace(cfg, batch_size=4, accumulate=2), device).total_mb
     result = run_cli(*small_run(tmp_path, new_store, shared_data, *auto, f"mem_budget_mb={budget}", "dry_run=true"))
     assert result.returncode == 0, result.stderr[-3000:]
     line, last = listed(result.stdout)

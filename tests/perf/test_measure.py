@@ -14,7 +14,7 @@ from torch import nn
 
 from src.data import split_sizes
 from src.errors import UsageError
-from src.jobs.outcome import attempts
+from src.jobs.outcome import attempts, closed_failed
 from src.models.profile import forward_flops, train_flops
 from src.perf.autobatch import (
     CPU_HEADROOM,
@@ -26,6 +26,8 @@ from src.perf.autobatch import (
 )
 from src.perf.memory import predict
 from src.perf.probe_cache import ProbeCache, age
+from src.tracking.runs import RunLogger
+from src.tracking.store import ensure_store
 from src.training.meters import KNOWN_PEAKS, PEAK_MAX_AGE, cached_peaks, peak_cache_file, peak_flops, peak_key
 from src.training.mfu import Mfu
 from tests.helpers import compose_config, run_cli, runs, small_run
@@ -89,6 +91,44 @@ def test_oom_retries_stop_before_one_sample_batchnorm_cannot_train_on(shared_dat
         compose_config("model=resnet10", "batch_size=8", "oom_retry=true", f"data.root={shared_data}", *overrides)
     )
     assert [(c.batch_size, c.accumulate) for c in attempts(cfg)] == [(b, 8 // b) for b in batches]
+
+
+@pytest.mark.parametrize(
+    "overrides,retried", [(["batch_size=2"], False), (["batch_size=2", "data.size=64"], True), (["batch_size=4"], True)]
+)
+def test_an_oom_retry_is_announced_only_where_attempts_makes_one(tmp_path, store, shared_data, overrides, retried):
+    """resnet10 at 28^3, batch 2: attempts() stops (one sample on BatchNorm's 1^3 map), so the failed run must not say
+    it is retried: the job's loop would end with no attempt left and close the FAILED run FINISHED."""
+    cfg = OmegaConf.to_object(
+        compose_config("model=resnet10", "oom_retry=true", "epochs=1", f"data.root={shared_data}", *overrides)
+    )
+    (tmp_path / "oom_rank0.json").write_text(json.dumps({"mem/peak_mb": 123.0}))
+    plan = type("P", (), {"output_dir": tmp_path, "device": CPU, "multirun": True})()
+    client = ensure_store(store)
+    run = RunLogger(client, client.create_run(client.create_experiment("oom")).info.run_id)
+    assert closed_failed(run, cfg, plan, torch.OutOfMemoryError("injected")) is retried
+    logged = client.get_run(run.run_id)
+    assert logged.data.tags["retried"] == str(retried).lower() and logged.info.status == "FAILED"
+    assert (len(list(attempts(cfg))) > 1) is retried
+
+
+def test_auto_keeps_the_prediction_at_the_accumulation_the_run_trains_with(shared_data):
+    """effective_batch_size=64: batch 16 trains at accumulate 4, whose accumulated step the predictor puts ~26 MiB above
+    accumulate 1's (resnet18 28^3: 590 vs 564 MiB). A usable budget between the two must not pick 16."""
+    cfg = OmegaConf.to_object(
+        compose_config(
+            "model=resnet18",
+            "batch_size=auto",
+            "effective_batch_size=64",
+            "mem_budget_mb=680",
+            "epochs=1",
+            "num_threads=2",
+            f"data.root={shared_data}",
+        )
+    )
+    chosen = predicted_batch(cfg, CPU, 1)
+    assert chosen.batch_size * chosen.accumulate == 64
+    assert predict(chosen, CPU).total_mb <= usable_mb(680, CPU)
 
 
 @pytest.mark.slow
@@ -253,7 +293,7 @@ def test_auto_batch_fits_the_budget_and_keeps_the_effective_batch(tmp_path, stor
 def test_auto_batch_keeps_the_headroom_free_on_cpu_only(tmp_path, store, shared_data):
     overrides = small_run(tmp_path, store, shared_data, "model.stem=small", "batch_size=auto", "effective_batch_size=8")
     cfg = OmegaConf.to_object(compose_config(*[o for o in overrides if not o.startswith("hydra.")]))
-    at_4 = predict(cfg, CPU, 4).total_mb
+    at_4 = predict(dataclasses.replace(cfg, batch_size=4, accumulate=2), CPU, 4).total_mb  # trains 8 as 4 x 2
     for budget, batches in [(at_4 + 1, [2]), (at_4 / (1 - CPU_HEADROOM) + 1, [4, 2])]:  # BatchNorm: 2 or more
         assert predicted_candidates(dataclasses.replace(cfg, mem_budget_mb=budget), CPU, 1) == (budget, batches)
     assert usable_mb(1000.0, CPU) == 1000.0 * (1 - CPU_HEADROOM) and usable_mb(1000.0, torch.device("cuda")) == 1000.0

@@ -20,7 +20,7 @@ from hydra._internal.utils import get_args_parser
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import ChoiceSweep
+from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
 from hydra.errors import ConfigCompositionException, HydraException, OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -168,6 +168,7 @@ def hydra_arguments(argv: list[str], own: str) -> list[str]:
     overrides = [arg for i, arg in enumerate(argv) if i not in moved + last]
     ordered = [argv[i] for i in moved] + overrides + [argv[i] for i in last]
     parsed = parser.parse_args([arg for arg in ordered if arg not in HELP])
+    check_override_values(parsed.overrides)
     check_group_choices(parsed.overrides)
     modes = {
         "--run": parsed.run,
@@ -191,6 +192,22 @@ def hydra_arguments(argv: list[str], own: str) -> list[str]:
     if parsed.shell_completion:
         shell_completion(parsed.overrides)
     return ordered
+
+
+def check_override_values(overrides: list[str]) -> None:
+    """Refuse a value Hydra's parser or basic sweeper fails on with a bare ``ValueError`` (a traceback, exit 1): an
+    integer of more digits than Python reads (4,300), a ``range()`` with step 0."""
+    parser = OverridesParser.create()
+    for text in overrides:
+        try:
+            override = parser.parse_override(text)
+            if override.is_sweep_override() and isinstance(override.value(), RangeSweep):
+                next(iter(override.sweep_string_iterator()), None)
+        except OverrideParseException:  # Hydra's composition reports it
+            continue
+        except ValueError as err:
+            key = text.partition("=")[0]
+            raise UsageError(f"{key}: {str(err).partition(';')[0]}: give a value in the key's range") from None
 
 
 def check_group_choices(overrides: list[str]) -> None:

@@ -244,6 +244,11 @@ class DataConfig:
         within("data.num_classes", self.num_classes, 2, CLASSES_MAX, "[]")
         if self.task not in TASKS:
             raise ValueError(f"data.task={self.task} is not a task the trainer supports: use one of {', '.join(TASKS)}")
+        if self.task == TASKS[0] and self.num_classes != 2:  # binary metrics on k outputs: nonsense that finished
+            raise ValueError(
+                f"data.task=binary-class with data.num_classes={self.num_classes}: a binary task has 2 classes: "
+                "use data.num_classes=2, or data.task=multi-class"
+            )
         within("data.num_workers", self.num_workers, 0, WORKERS_MAX, "[]", fix=" (worker processes per rank)")
         sizes = "the train, val and test sizes, e.g. [256,64,64]"
         within_each("data.synthetic_samples", self.synthetic_samples, 1, count=3, what=sizes)
@@ -514,6 +519,7 @@ class Config:
         within("seed", self.seed, 0, SEED_MAX, "[]")
         within("label_smoothing", self.label_smoothing, 0, 1)
         within("warmup_epochs", self.warmup_epochs, 0, self.epochs, fix=f" (below epochs={self.epochs})")
+        check_early_stop(self)
         within("ema_decay", self.ema_decay, 0, 1, "()", null=True, fix=" (no EMA)")
         within("grad_clip", self.grad_clip, 0, ends="()", null=True)
         filled("rerun", self.rerun, null=True)
@@ -572,6 +578,16 @@ def check_param_lengths(node: Any, prefix: str = "") -> None:
             check_param_lengths(value, f"{prefix}{key.name}.")
         else:
             not_longer(f"{prefix}{key.name}", str(value), PARAM_VALUE_MAX, "MLflow's limit for a param value")
+
+
+def check_early_stop(cfg: Config) -> None:
+    """``early_stop_patience`` where it can stop a run: not with ``select_by=last``, whose every epoch is the best so
+    far (it would train as without it, under another config hash)."""
+    if cfg.early_stop_patience is not None and cfg.select_by is SelectBy.last:
+        raise ValueError(
+            f"early_stop_patience={cfg.early_stop_patience} with select_by=last, whose every epoch is the best so far: "
+            "it never stops the run: drop it, or select by val_loss, val_auc or val_auc_smoothed"
+        )
 
 
 def check_schedule(cfg: Config) -> None:

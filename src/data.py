@@ -177,6 +177,9 @@ def ensure_file(cfg: DataConfig) -> Path:
     path = npz_path(cfg)
     if check_file(cfg):
         return path
+    from src.folders import writable
+
+    writable(path.parent, f"data.root={cfg.root}", "give a folder this process can write the file into")
     if cfg.name == SYNTHETIC:
         write_synthetic(cfg, path)
     else:

@@ -19,6 +19,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from src.atomic import is_temporary
 from src.errors import UsageError, exit_with, first
@@ -186,6 +187,10 @@ class RunFolder(Callback):
             check_hydra_files(config.hydra, folder)
         except UsageError as err:
             exit_with(err)
+        except OmegaConfBaseException as err:  # hydra.run.dir=${oc.env:UNSET}: Hydra warns of it, then fails anew
+            from src.cli import one_line  # src.cli imports this module
+
+            exit_with(one_line(err))
 
 
 @contextlib.contextmanager

@@ -188,3 +188,25 @@ def test_ctrl_c_while_the_command_imports_is_one_line():
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130 and stderr.splitlines() == ["stopped (Ctrl-C)"]
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["seed=" + "9" * 5000], "seed: Exceeds the limit (4300 digits) for integer string conversion"),
+        (["-m", "seed=range(0,3,0)"], "seed: range() arg 3 must not be zero"),
+    ],
+)
+def test_a_value_hydra_fails_on_with_a_value_error_is_one_usage_error(argv, message):
+    with pytest.raises(UsageError) as refused:  # was: Hydra's ValueError, a traceback and exit 1
+        hydra_arguments(argv, "config")
+    assert str(refused.value).startswith(message)
+
+
+def test_a_swept_range_with_step_0_in_the_sweepers_params_is_one_error_line(tmp_path):
+    done = run_cli("-m", "+hydra.sweeper.params={seed:'range(0,3,0)'}", f"hydra.sweep.dir={tmp_path}/sweep")
+    assert (done.returncode, done.stderr.strip().splitlines()) == (
+        2,
+        ["error: seed=range(0,3,0): range() arg 3 must not be zero"],
+    ), done.stdout[-2000:]  # was: the checks' traceback on stdout, exit 1
+    assert not (tmp_path / "sweep").exists()

@@ -397,6 +397,11 @@ BAD_VALUES = [
     ("num_threads=0", "num_threads=0 must be in [1, 1024] or null"),
     ("num_threads=100000", "num_threads=100000 must be in [1, 1024] or null"),  # libgomp: a segfault mid-run
     ("early_stop_patience=0", "early_stop_patience=0 must be in [1, 2147483647] or null"),
+    (  # every epoch is the best so far: it trained as without it, under another config hash
+        "early_stop_patience=2 select_by=last",
+        "early_stop_patience=2 with select_by=last, whose every epoch is the best so far: it never stops the run: "
+        "drop it, or select by val_loss, val_auc or val_auc_smoothed",
+    ),
     ("mem_budget_mb=0", "mem_budget_mb=0.0 must be > 0 or null"),
     ("seed=-1", "seed=-1 must be in [0, 4294967295]"),
     ("seed=4294967296", "seed=4294967296 must be in [0, 4294967295]"),
@@ -417,6 +422,11 @@ BAD_VALUES = [
     ("data.url=x.org/a.npz", f"data.url='x.org/a.npz' {NOT_A_URL}"),
     ("data.in_channels=0", "data.in_channels=0 must be in [1, 1024]"),
     ("data.num_classes=1", "data.num_classes=1 must be in [2, 100000]"),
+    (  # data=synthetic trained it: binary sensitivity and specificity of a 3-output model, FINISHED
+        "data=synthetic data.num_classes=3 data.task=binary-class",
+        "data.task=binary-class with data.num_classes=3: a binary task has 2 classes: use data.num_classes=2, or "
+        "data.task=multi-class",
+    ),
     (
         "data.task=multi-label",
         "data.task=multi-label is not a task the trainer supports: use one of binary-class, multi-class",

@@ -269,7 +269,8 @@ def test_a_data_root_of_a_name_too_long_is_one_line(tmp_path):
 
 def test_medmnist_keys_that_do_not_fit_the_dataset_name_its_values(shared_data):
     for key, value, held in (("num_classes", 3, 2), ("in_channels", 3, 1), ("task", "multi-class", "binary-class")):
-        cfg = dataclasses.replace(adrenal(shared_data, download=False), **{key: value})
+        multi = {"task": "multi-class"} if key == "num_classes" else {}  # binary-class takes 2 classes only
+        cfg = dataclasses.replace(adrenal(shared_data, download=False), **{key: value}, **multi)
         assert refusal(load_splits, cfg) == (
             f"data.{key}={value} does not fit adrenalmnist3d: its files hold {held}: set data.{key}={held}"
         )
@@ -308,3 +309,14 @@ def test_evaluation_loaders_keep_order_and_every_sample(shared_data):
     val = load_splits(cfg)["val"]
     loader = make_loader(cfg, val, 32, seed=0, train=False, device=torch.device("cpu"))
     assert torch.equal(torch.cat([y for _, y in loader]), val[1])
+
+
+def test_a_data_root_that_is_a_file_is_one_usage_error(tmp_path):
+    """It was FileExistsError from the download's mkdir: a traceback, exit 1."""
+    from src.data import ensure_file
+
+    root = tmp_path / "a-file"
+    root.write_text("")
+    cfg = DataConfig(name="vesselmnist3d", root=str(root), num_classes=2, task="binary-class")
+    with pytest.raises(UsageError, match=r"^data.root=.*a-file cannot be written \(File exists\): give a folder"):
+        ensure_file(cfg)

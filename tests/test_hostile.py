@@ -169,3 +169,15 @@ def keys(overrides: list[str]) -> set[str]:
 def keys_only(overrides: list[str], store: str) -> list[str]:
     """Another command than src.train: only its store next to the case's own overrides."""
     return [] if any(o.startswith("mlflow.tracking_uri=") for o in overrides) else [f"mlflow.tracking_uri={store}"]
+
+
+@pytest.mark.parametrize("module", ["src.train", "src.summary"])
+def test_a_run_folder_whose_interpolation_does_not_resolve_is_only_one_error_line(tmp_path, module):
+    """Hydra printed its callback's exception as a 5-line UserWarning before the error line."""
+    result = run_cli(f"hydra.run.dir={tmp_path}/${{oc.env:MEDSWEEP_UNSET_X}}", module=module, timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines() == [
+        "error: hydra.run.dir: KeyError raised while resolving interpolation: "
+        "\"Environment variable 'MEDSWEEP_UNSET_X' not found\""
+    ]
+    assert list(tmp_path.iterdir()) == []

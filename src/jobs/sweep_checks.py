@@ -62,8 +62,21 @@ def sweep_jobs(config: DictConfig) -> list[list[str]]:
         return [[o for o in task if "," not in o]]
     params = [f"{key}={value}" for key, value in (OmegaConf.select(config, "hydra.sweeper.params") or {}).items()]
     parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
-    (jobs,) = BasicSweeper.split_arguments(parser.parse_overrides(params + task), None)
+    try:
+        (jobs,) = BasicSweeper.split_arguments(parser.parse_overrides(params + task), None)
+    except ValueError as err:  # Hydra's, on a value it parsed: range(0,3,0), an integer of 4,300 digits or more
+        failing = [o for o in params + task if not splits(parser, o)]
+        raise UsageError(f"{', '.join(failing) or 'a swept value'}: {str(err).partition(';')[0]}") from None
     return jobs
+
+
+def splits(parser: OverridesParser, override: str) -> bool:
+    """Whether Hydra's basic sweeper splits ``override`` into values without a ``ValueError``."""
+    try:
+        BasicSweeper.split_arguments(parser.parse_overrides([override]), None)
+    except ValueError:
+        return False
+    return True
 
 
 def check_launcher(config: DictConfig) -> None:

@@ -15,6 +15,8 @@ import pandas as pd
 BINARY = "binary-class"
 ECE_BINS = 15
 DPI = 120
+FIGURE_SIDE_MAX = 40.0  # inches of the confusion matrix's figure: 4,800 pixels at DPI
+ANNOTATED_MAX = 30  # classes up to which each cell of the confusion matrix shows its count
 
 
 def load_libraries() -> None:
@@ -99,7 +101,7 @@ def write_eval_artifacts(
     folder.mkdir(parents=True, exist_ok=True)
     figure_path, csv_path = folder / "confusion_matrix.png", folder / "test_predictions.csv"
     k = scores.shape[1]
-    side = 3.5 + 0.55 * k
+    side = min(3.5 + 0.55 * k, FIGURE_SIDE_MAX)  # 1,000 classes: 554 inches, past Agg's 2^16 pixels, ~10 GB first
     fig, ax = plt.subplots(figsize=(side + 1, side))
     ConfusionMatrixDisplay.from_predictions(
         labels,
@@ -107,6 +109,7 @@ def write_eval_artifacts(
         labels=range(k),
         display_labels=class_names,
         cmap="Blues",
+        include_values=k <= ANNOTATED_MAX,  # a count per cell: k^2 texts, unreadable past a few dozen classes
         values_format="d",
         ax=ax,
     )

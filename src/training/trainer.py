@@ -338,6 +338,8 @@ class Trainer:
         """Loss, the MedMNIST protocol's ACC and AUC, and :func:`src.training.metrics.clinical_metrics` on ``split``;
         the test split's labels and scores are kept in :attr:`test_predictions`."""
         loss, labels, scores = self.predict(split)
+        if not math.isfinite(loss):  # weights the last optimizer step made non-finite: no train/loss saw them yet
+            raise Diverged(f"{split}/loss is {loss} after epoch {self.epoch}")
         if split == "test":
             self.test_predictions = labels, scores
         task = self.cfg.data.task

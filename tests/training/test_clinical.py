@@ -104,3 +104,17 @@ def test_artifacts_round_trip(tmp_path) -> None:
     assert list(table.columns) == ["index", "label", "score_0", "score_1", "score_2"]
     assert (table["index"] == np.arange(50)).all() and (table["label"] == labels).all()
     np.testing.assert_allclose(table[["score_0", "score_1", "score_2"]].to_numpy(), scores, rtol=0, atol=1e-7)
+
+
+def test_the_confusion_matrix_of_many_classes_keeps_to_a_drawable_figure(tmp_path):
+    """data.num_classes may be 100,000: at 1,000 the figure was 554 inches a side (past Agg's 2^16 pixels) with a
+    million cell counts: a run trained, then drew it for minutes past 9 GB of memory (killed)."""
+    import matplotlib.image
+
+    from src.training.metrics import DPI, FIGURE_SIDE_MAX, write_eval_artifacts
+
+    k = 200  # 113.5 inches uncapped
+    scores = np.full((8, k), 1 / k, np.float32)
+    write_eval_artifacts(np.arange(8), scores, "multi-class", [str(j) for j in range(k)], tmp_path)
+    height, width = matplotlib.image.imread(tmp_path / "confusion_matrix.png").shape[:2]
+    assert height <= FIGURE_SIDE_MAX * DPI and width <= (FIGURE_SIDE_MAX + 1) * DPI

@@ -280,3 +280,13 @@ runpy.run_module("src.train", run_name="__main__")
     result = subprocess.run([sys.executable, "-c", spy], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "at the baseline: ['medmnist.evaluator', 'sklearn.metrics']" in result.stdout.splitlines()
+
+
+def test_weights_the_last_step_made_non_finite_fail_as_diverged(shared_data):
+    """The train/loss checks see a step's loss before its update: a run whose last step blew the weights up went on
+    to validate and test NaN scores and ended FINISHED with test/auc 0."""
+    from src.training.trainer import Diverged
+
+    trainer = trainer_for("epochs=1", "limit_batches=1", "batch_size=8", "optim.lr=1e308", data_root=shared_data)
+    with pytest.raises(Diverged, match=r"^val/loss is nan after epoch 1$"):
+        trainer.fit(lambda metrics, step: None)

@@ -34,7 +34,17 @@ CHECKPOINT_FILE = "checkpoint.pt"  # a run's checkpoint, in its folder
 BEST_FILE = "best.pt"  # its tested weights
 METRICS_FILE = "metrics.json"  # its final metrics
 EVAL_DIR = "eval"  # its test predictions and confusion matrix
-RUN_FILES = (".hydra", EVAL_DIR, CHECKPOINT_FILE, BEST_FILE, METRICS_FILE, LOCK_FILE, "*.log", "oom_rank*.json")
+RUN_FILES = (
+    ".hydra",
+    EVAL_DIR,
+    CHECKPOINT_FILE,
+    BEST_FILE,
+    METRICS_FILE,
+    LOCK_FILE,
+    "*.log",
+    "oom_rank*.json",
+    "diverged_rank*.txt",
+)
 
 
 CLAIMED: dict[Path, list[Path]] = {}  # each folder fresh() created in this process: the folders it made, deepest first

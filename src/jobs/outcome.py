@@ -92,6 +92,17 @@ def read_oom(output_dir: Path) -> dict[str, float] | None:
     return {"mem/peak_mb": max(peaks)}
 
 
+def read_diverged(output_dir: Path) -> Diverged | None:
+    """The divergence of the first rank that diverged (its ``diverged_rank<k>.txt``), consumed."""
+    records = sorted(output_dir.glob("diverged_rank*.txt"))
+    if not records:
+        return None
+    first = Diverged(records[0].read_text())
+    for path in records:
+        path.unlink()
+    return first
+
+
 def stop_before_run(preemption: Preemption) -> None:
     """A stop signal that came during start-up ends the job before its run is created: nothing to resume."""
     if preemption.requested:
@@ -133,7 +144,8 @@ def store_failure(error: BaseException) -> str:
 
 
 def closed_failed(run: RunLogger, cfg: Config, plan: Plan, error: BaseException) -> bool:
-    oom = read_oom(plan.output_dir)
+    oom, diverged = read_oom(plan.output_dir), read_diverged(plan.output_dir)
+    error = diverged if diverged and not isinstance(error, Diverged) else error  # DDP: a spawned rank's
     if isinstance(error, STORE_ERRORS):
         with contextlib.suppress(*STORE_ERRORS):
             run.finish("FAILED")

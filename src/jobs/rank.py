@@ -26,7 +26,7 @@ from src.tracking.system_metrics import system_metrics
 from src.training import checkpoint
 from src.training.build import build_trainer
 from src.training.metrics import load_libraries
-from src.training.trainer import Hooks
+from src.training.trainer import Diverged, Hooks
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +133,9 @@ def train_rank(job: Job, rank: dist.Rank, device: torch.device, preemption: Pree
             final = trainer.fit(reporter.log_metrics, reporter.log_tested)
     except torch.OutOfMemoryError:
         (job.output_dir / f"oom_rank{rank.rank}.json").write_text(json.dumps(trainer.memory.peak()))
+        raise
+    except Diverged as err:  # a spawned rank's error reaches the job's process as a traceback's text
+        (job.output_dir / f"diverged_rank{rank.rank}.txt").write_text(str(err))
         raise
     reporter.finished(trainer, final)
     return final

@@ -32,7 +32,7 @@ from src.volumes.table import Table, read_table
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1  # how a cache is made: bump it when the preprocessing changes
+FORMAT = 2  # how a cache is made: bump it when the preprocessing changes (2: headers read as MONAI reads them)
 FOLDER_BYTES = 100  # the folder's name in the cache's, cut to this many bytes of UTF-8 (a file name: 255 bytes at most)
 
 

@@ -41,6 +41,7 @@ mkdir -p "$dir"
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   $python -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version())'
+  $python -c 'import numpy, pandas; print("numpy", numpy.__version__, "pandas", pandas.__version__)'  # pandas>=3: the report
   echo "commit $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
   date -u +%FT%TZ
 } >"$dir/machine.txt" 2>&1

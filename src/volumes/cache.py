@@ -16,6 +16,7 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -119,6 +120,11 @@ def checked_headers(cfg: DataConfig, table: Table) -> tuple[list[Header], list[f
 def build(cfg: DataConfig, table: Table, path: Path) -> None:
     start = time.perf_counter()
     headers, spacing = checked_headers(cfg, table)
+    try:  # before any voxel is read: a folder that cannot take the cache was found after the whole preprocessing
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path.parent).close()
+    except OSError as err:
+        raise unwritable(path, err) from None
     log.info("preprocessing %d volumes of %s to %s mm, %d^3", len(table.rows), table.csv, spacing, cfg.size)
     done = cubes(cfg, spacing, table)
     arrays = {}
@@ -146,11 +152,15 @@ def build(cfg: DataConfig, table: Table, path: Path) -> None:
         with atomic_path(path) as partial, partial.open("wb") as out:
             np.savez(out, **arrays, meta=np.array(json.dumps(meta)))
     except OSError as err:  # a read-only folder, a file named as the folder, a name too long
-        raise UsageError(
-            f"cannot write the cache {path} ({err.strerror}): make {path.parent} a writable folder, or set "
-            f"{CACHE_ENV}=<a writable folder> to keep it there"
-        ) from None
+        raise unwritable(path, err) from None
     log.info("cached %s (%.1f MiB) in %.0f s", path, path.stat().st_size / 2**20, time.perf_counter() - start)
+
+
+def unwritable(path: Path, err: OSError) -> UsageError:
+    return UsageError(
+        f"cannot write the cache {path} ({err.strerror}): make {path.parent} a writable folder, or set "
+        f"{CACHE_ENV}=<a writable folder> to keep it there"
+    )
 
 
 def median_spacing(table: Table, headers: list[Header]) -> list[float]:

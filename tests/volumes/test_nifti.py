@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import sys
@@ -291,7 +292,9 @@ def test_a_cache_that_reads_but_holds_no_arrays_is_named_with_its_fix(tmp_path):
     assert refusal(load_splits, cfg).endswith(f": {REBUILD}")
 
 
-def test_a_cache_folder_that_is_a_file_is_one_line(tmp_path, monkeypatch):
+def test_a_cache_folder_that_is_a_file_is_one_line(tmp_path, monkeypatch, caplog):
+    """... before any volume is read (it was found once every volume was preprocessed)."""
+    caplog.set_level(logging.INFO, logger="src.volumes")
     six(tmp_path)
     monkeypatch.delenv("MEDSWEEP_CACHE_DIR")
     (tmp_path / ".medsweep").write_text("not a folder")
@@ -303,6 +306,7 @@ def test_a_cache_folder_that_is_a_file_is_one_line(tmp_path, monkeypatch):
         rf"keep it there",
         refusal(ensure, cfg),
     )
+    assert "preprocessing" not in caplog.text
 
 
 def test_a_cache_folder_of_a_name_too_long_is_one_line(tmp_path, monkeypatch):

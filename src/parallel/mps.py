@@ -119,6 +119,7 @@ def shared(sharing: Sharing, folder: Path) -> Iterator[None]:
         yield
     finally:
         if daemon is not None:
+            end_idle_workers()
             stop(daemon)
         for key, value in before.items():
             if value is None:
@@ -163,6 +164,17 @@ def start(folder: Path) -> Daemon:
             shutil.rmtree(pipe, ignore_errors=True)
         raise
     return daemon
+
+
+def end_idle_workers() -> None:
+    """Shut down the worker processes joblib's loky keeps idle for its next call (up to 300 s): each that trained on
+    the GPU is an MPS client, and the daemon's ``quit`` waits for every client (an H200, 2026-11-28: ``quit`` timed
+    out after 60 s and left the daemon running)."""
+    from joblib.externals.loky import reusable_executor
+
+    executor = getattr(reusable_executor, "_executor", None)  # loky's one reusable executor, None before any sweep
+    if executor is not None:
+        executor.shutdown(wait=True)
 
 
 def stop(daemon: Daemon) -> None:

@@ -31,9 +31,18 @@ auto, use_mps, none = GpuShare.auto, GpuShare.mps, GpuShare.none
 nothing, use, start, warn, refuse = Action.nothing, Action.use, Action.start, Action.warn, Action.refuse
 
 STAND_IN = """#!{python}
-import json, os, sys
+import glob, json, os, sys
 record = {{"argv": sys.argv[1:], "stdin": sys.stdin.read(), "pipe": os.environ.get("CUDA_MPS_PIPE_DIRECTORY"),
           "log": os.environ.get("CUDA_MPS_LOG_DIRECTORY")}}
+if record["stdin"] == "quit\\n":  # the caller's joblib workers still alive: the real quit waits for them
+    workers = 0
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            if int(open(stat).read().rsplit(")", 1)[1].split()[1]) == os.getppid():
+                workers += b"LokyProcess" in open(stat[:-4] + "cmdline", "rb").read()
+        except (OSError, IndexError):
+            pass
+    record["workers"] = workers
 with open({calls!r}, "a") as file:
     file.write(json.dumps(record) + "\\n")
 if os.environ.get("STAND_IN_FAILS"):
@@ -98,7 +107,7 @@ def test_a_daemon_starts_for_the_sweep_and_stops_at_its_end(calls, short_folder,
         assert (os.environ[mps.PIPE_ENV], os.environ[mps.LOG_ENV]) == (pipe, log)  # the launcher's workers inherit
         assert mps.run_tags() == {"gpu_share": "mps"}
         assert Path(pipe).is_dir() and Path(log).is_dir()
-    assert recorded(calls)[1:] == [{"argv": [], "stdin": "quit\n", "pipe": pipe, "log": log}]
+    assert recorded(calls)[1:] == [{"argv": [], "stdin": "quit\n", "pipe": pipe, "log": log, "workers": 0}]
     assert not {mps.PIPE_ENV, mps.LOG_ENV, mps.SHARE_ENV} & set(os.environ)
     assert caplog.messages == [
         f"4 jobs at once share 1 GPU(s): started an MPS daemon for the sweep (pipes in {pipe})",
@@ -185,9 +194,9 @@ def test_a_sweep_sharing_a_gpu_starts_the_daemon_tags_its_jobs_and_stops_it_when
     result = run_process([sys.executable, str(script), "-m", *overrides], timeout=600)
     assert result.returncode == 143, result.stderr[-3000:]
     pipe = str(short_folder / "sweep" / ".mps" / "pipe")
-    assert [(call["argv"], call["stdin"], call["pipe"]) for call in recorded(calls)] == [
-        (["-d"], "", pipe),
-        ([], "quit\n", pipe),
+    assert [(call["argv"], call["stdin"], call["pipe"], call.get("workers")) for call in recorded(calls)] == [
+        (["-d"], "", pipe, None),
+        ([], "quit\n", pipe, 0),  # joblib's idle workers ended first: the real quit waits for its clients
     ]
     assert "2 jobs at once share 1 GPU(s): started an MPS daemon for the sweep" in result.stdout
     jobs = [run for run in runs(store) if run.data.tags.get("role") != "sweep"]

@@ -2,7 +2,8 @@
 peak-FLOP/s cache (:mod:`src.perf.probe_cache`): a replay costs 1-5 s of one core (densenet121 at 28^3, 2026-11-24),
 a read nothing, so a dry run listing a sweep again and a job's start-up read their peaks. Keyed by the config's hash
 (:func:`src.tracking.identity.config_hash`: where a run logs, how it starts and its seed aside), the device and the
-probe key's machine, software and code (the predictor and the models are in the code's fingerprint). Entries are used
+probe key's machine, software and code (the predictor and the models are in the code's fingerprint), and on the CPU
+the threads (a GPU job of a joblib sweep reads what a lone run on that GPU predicted). Entries are used
 for :data:`MAX_AGE`, then predicted again."""
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def predicted(cfg: Config, device: torch.device) -> MemoryPrediction:
     """``predict(cfg, device)``, from the cache when it holds it; the replay holds the machine shared (no step timing
     of another process meanwhile)."""
     probed = config_hash(flatten(OmegaConf.structured(dataclasses.replace(cfg, seed=0))))  # sizes, not values
-    name = key(device, thread_count(cfg), f"{probed} {device.type}")  # any GPU of the same name
+    threads = thread_count(cfg) if device.type == "cpu" else 0  # a GPU's memory: not the host's threads
+    name = key(device, threads, f"{probed} {device.type}")  # any GPU of the same name
     with machine(exclusive=False):
         entry = CACHE.get(name) or CACHE.put(name, dataclasses.asdict(predict(cfg, device)))
     return MemoryPrediction(**{field: entry[field] for field in FIELDS})

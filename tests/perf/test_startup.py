@@ -11,7 +11,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from src.perf import flop_cache, memory_cache, startup
+from src.perf import flop_cache, memory_cache, probe_cache, startup
 from src.perf.flop_cache import counted_flops
 from src.perf.memory import footprint
 from src.perf.memory_cache import predicted_memory_metrics
@@ -91,6 +91,21 @@ def test_the_start_up_probes_are_read_from_disk_by_a_later_process(monkeypatch, 
     assert len(json.loads((tmp_path / "memory_predictions.json").read_text())) == 1
     with pytest.raises(AssertionError, match="probed again"):
         counted_flops(OmegaConf.to_object(compose_config("model=resnet18", "data=synthetic")))
+
+
+def test_a_gpu_memory_prediction_is_read_back_whatever_the_host_threads(tmp_path, monkeypatch):
+    """A job of a 4-job joblib sweep (4 of 16 threads) reads what a lone run on that GPU predicted (all 16); on the
+    CPU the threads count (oneDNN's scratch). No GPU here: its name and the replay are stand-ins, the cache is real."""
+    monkeypatch.setenv("MEDSWEEP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(probe_cache, "device_name", lambda device: "NVIDIA H200")
+    cfg = OmegaConf.to_object(compose_config("model=resnet10", "data=synthetic"))
+    prediction, calls = memory_cache.predict(cfg, CPU), []
+    monkeypatch.setattr(memory_cache, "predict", lambda cfg, device: calls.append(device.type) or prediction)
+    for threads in (16, 4):
+        monkeypatch.setattr(memory_cache, "thread_count", lambda cfg, threads=threads: threads)
+        for device in (torch.device("cuda"), CPU):
+            assert memory_cache.predicted(cfg, device) == prediction
+    assert calls == ["cuda", "cpu", "cpu"]
 
 
 LR = "optim.lr=-1.0 must be >= 0 (0 freezes the weights)"

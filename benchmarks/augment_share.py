@@ -38,8 +38,10 @@ import torch.nn.functional as F  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from src.config import AugConfig, Config, Stem, register  # noqa: E402
-from src.data import to_input  # noqa: E402
+from src.cli import register  # noqa: E402
+from src.config import AugConfig, Config, Stem  # noqa: E402
+from src.data.loaders import to_input  # noqa: E402
+from src.execution import resolve  # noqa: E402
 from src.models import build_model  # noqa: E402
 from src.parallel.ranks import seed_everything  # noqa: E402
 from src.training.augment import Augment, step_generator  # noqa: E402
@@ -99,10 +101,10 @@ def step_ms(
     cfg: Config, images: torch.Tensor, labels: torch.Tensor, amp: bool, reps: int, args: argparse.Namespace
 ) -> float:
     """One training step: forward, loss, backward, optimizer step (bf16 autocast when ``amp``)."""
-    seed_everything(cfg)
+    seed_everything(cfg, resolve(cfg).threads)
     model = build_model(cfg.model, cfg.data).train()
     optimizer = build_optimizer(cfg.optim, model.parameters())
-    precision = Precision.build(amp, torch.bfloat16, CPU)
+    precision = Precision.build(torch.bfloat16 if amp else torch.float32, CPU)
 
     def step(_: int) -> None:
         with precision.autocast():

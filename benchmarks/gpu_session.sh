@@ -1,41 +1,58 @@
 #!/usr/bin/env bash
-# Issue 21's measurements on the GPU machine (the `device` tool), as few calls as its 15 minutes allow:
-#   <install line of ../shared/gpu/prepare.sh>; bash benchmarks/gpu_session.sh all          (carry .device)
-#   bash benchmarks/gpu_session.sh tests main   # or any phases, in the order given
-# Phases (docs/gpu.md says what each checks), each under a time cap, `all` in this order (the issue's "must show"
-# first: the caps add up to more than one call's budget, so what is skipped goes to a second call):
+# Issue 21's GPU measurements on a CUDA machine (docs/gpu.md: what to install, what each phase checks):
+#   bash benchmarks/gpu_session.sh [--out FOLDER] all
+#   bash benchmarks/gpu_session.sh [--out FOLDER] tests main   # or any phases, in the order given
+# Phases, each under a time cap (`all` runs the first five in this order):
 #   tests    python -m pytest -m gpu: graphed = eager, no host sync in a graphed step, resume bitwise, MPS sharing
 #   main     the main command (densenet121, amp=true,false) and its report's amp verdict
 #   mission  the 12-job sweep, 4 jobs at a time on the one GPU (gpu_share=auto): wall time; its first 4 jobs are
 #            fresh processes for models `main` probed, so their time/startup_s is the start-up target's figure
 #   share    benchmarks/gpu_share.py: 1 and 4 processes training resnet18 28^3 b32 on the GPU, MPS as a sweep uses it
 #   loops    benchmarks/train_loops.py --device cuda at the issue's four shapes: plain, MONAI, medsweep eager/graphed
-#   startup  (not in all; after main) one job in a fresh process for the model `main` probed, logged to main's store
-#            (experiment `startup`): time/startup_s alone
-# A phase is skipped once less than its floor is left of GPU_SESSION_BUDGET_S (default 540). Everything goes to
-# $GPU_SESSION_DIR (default /tmp/gpu_session); $OUT gets targets.md (benchmarks/gpu_targets.py), wall.tsv and
-# gpu_results.tar.gz (logs, JSON, stores and reports; no weights; refreshed after each phase, so a call cut short brings
-# back what it measured: `python -m benchmarks.gpu_targets <unpacked folder>` reads it anywhere).
+#   startup  (not in all; after main, into the same FOLDER) one job in a fresh process for the model `main` probed,
+#            logged to main's store (experiment `startup`): time/startup_s alone
+# FOLDER (default outputs/gpu_session in the repository, which git ignores) gets everything: machine.txt (GPU, driver,
+# torch, commit, date), each command's log, wall.tsv (each phase's wall seconds and exit status; a phase stopped at its
+# cap exits 124), loops.jsonl, share.jsonl, each sweep's store and report in its phase's folder, and targets.md
+# (`python -m benchmarks.gpu_targets FOLDER`: each target with its measured value, spread and met or missed).
+# A phase named twice, or whose folder FOLDER already holds, is refused before anything runs (a sweep into a store that
+# holds its jobs would skip them as finished): name another FOLDER, or remove that phase's folder.
 # GPU_SESSION_OVERRIDES (space separated) go to every medsweep command: `device=cpu epochs=1 limit_batches=2` checks
-# the script's plumbing on a CPU (tests/test_gpu_benchmarks.py).
+# the script's plumbing on a CPU (tests/benchmarks/test_gpu_session.py); PYTHON (default python3) runs every command.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-out=${OUT:?the device tool sets OUT}
-dir=${GPU_SESSION_DIR:-/tmp/gpu_session}
-budget=${GPU_SESSION_BUDGET_S:-540}
+root=$(cd "$(dirname "$0")/.." && pwd)
+usage="usage: bash benchmarks/gpu_session.sh [--out FOLDER] all|PHASE... (tests, main, mission, share, loops, startup)"
+out=$root/outputs/gpu_session
+phases=()
+while [ $# -gt 0 ]; do
+  case $1 in
+  --out)
+    [ $# -ge 2 ] && [ -n "$2" ] || { echo "error: --out needs a folder" >&2; exit 2; }
+    out=$2
+    shift 2
+    ;;
+  --out=?*) out=${1#--out=}; shift ;;
+  -h | --help) echo "$usage"; exit 0 ;;
+  -*) echo "error: unknown option '$1'; $usage" >&2; exit 2 ;;
+  *) phases+=("$1"); shift ;;
+  esac
+done
+dir=$(realpath -m -- "$out")  # a relative FOLDER is the caller's, before the cd below
+cd "$root"
 python=${PYTHON:-python3}
-declare -A cap=([tests]=150 [loops]=200 [main]=180 [share]=110 [mission]=240 [startup]=90)
-declare -A floor=([tests]=60 [loops]=90 [main]=100 [share]=60 [mission]=90 [startup]=45)
+declare -A cap=([tests]=150 [loops]=200 [main]=180 [share]=110 [mission]=240 [startup]=90) named=()
 read -ra extra <<<"${GPU_SESSION_OVERRIDES:-}"
 # the gpu-marked tests, those of the CUDA graph first (pytest's own order put them last, behind the sweeps'):
 # only these files are collected (the whole suite's collection imports every test module)
-gpu_tests=(tests/training/test_cuda.py tests/test_benchmark_loops.py tests/parallel/test_mps.py
+gpu_tests=(tests/training/test_cuda.py tests/benchmarks/test_train_loops.py tests/parallel/test_mps.py
   tests/parallel/test_machine_share.py)
-phases=("$@")
 [ "${phases[*]:-}" = all ] && phases=(tests main mission share loops)
-[ ${#phases[@]} -gt 0 ] || { echo "error: no phase: all, or some of tests loops main share mission startup" >&2; exit 2; }
+[ ${#phases[@]} -gt 0 ] || { echo "error: no phase; $usage" >&2; exit 2; }
 for phase in "${phases[@]}"; do
   [ -n "${cap[$phase]:-}" ] || { echo "error: phase '$phase': tests, loops, main, share, mission, startup or all" >&2; exit 2; }
+  [ -z "${named[$phase]:-}" ] || { echo "error: phase '$phase' named twice" >&2; exit 2; }
+  [ ! -e "$dir/$phase" ] || { echo "error: $dir/$phase exists: name another --out, or remove that folder" >&2; exit 2; }
+  named[$phase]=1
 done
 mkdir -p "$dir"
 {
@@ -47,24 +64,13 @@ mkdir -p "$dir"
 } >"$dir/machine.txt" 2>&1
 cat "$dir/machine.txt"
 started=$SECONDS
-timed() {  # name, command...: under the phase's cap and what is left of the budget; output and wall seconds
-  local name=$1 left=$((budget - (SECONDS - started))) start=$SECONDS status
+timed() {  # name, command...: under the phase's cap; output and wall seconds
+  local name=$1 start=$SECONDS status
   shift
-  local limit=$((left < cap[$phase] ? left : cap[$phase]))
-  if [ "$limit" -lt "${floor[$phase]}" ]; then
-    echo "$name: skipped, ${left} s of the budget left" | tee -a "$dir/skipped.txt"
-    return
-  fi
-  timeout -k 10 "$limit" "$@" >"$dir/$name.log" 2>&1
+  timeout -k 10 "${cap[$phase]}" "$@" >"$dir/$name.log" 2>&1
   status=$?
   printf '%s\t%s\t%s\n' "$name" $((SECONDS - start)) "$status" >>"$dir/wall.tsv"
-  echo "$name: $((SECONDS - start)) s wall, exit $status$([ $status -eq 124 ] && echo " (cut at $limit s)")"
-}
-bundle() {  # the folder into $OUT, after each phase: a call cut short still brings back what it measured
-  cp "$dir/wall.tsv" "$out/" 2>/dev/null
-  tar -czf "$out/gpu_results.tar.gz" -C "$dir" --exclude='*.pt' --exclude='*.pth' --exclude='.mps' .
-  [ "$(stat -c %s "$out/gpu_results.tar.gz")" -le $((16 << 20)) ] ||  # the tool brings back files of 16 MiB at most
-    tar -czf "$out/gpu_results.tar.gz" -C "$dir" --exclude='*.pt' --exclude='*.pth' --exclude='.mps' --exclude=mlartifacts .
+  echo "$name: $((SECONDS - start)) s wall, exit $status$([ $status -eq 124 ] && echo " (cut at ${cap[$phase]} s)")"
 }
 sweep() {  # phase, overrides...: a medsweep sweep into the phase's own store and folder, then its report
   local name=$1
@@ -97,10 +103,7 @@ for phase in "${phases[@]}"; do
       mlflow.tracking_uri="sqlite:///$dir/main/mlflow.db" hydra.run.dir="$dir/startup/run"
     ;;
   esac
-  bundle
 done
 $python -m benchmarks.gpu_targets "$dir" >"$dir/targets.md" 2>&1
 cat "$dir/targets.md"
-cp "$dir/targets.md" "$out/"
-bundle
-echo "session: $((SECONDS - started)) s; $(du -h "$out/gpu_results.tar.gz" | cut -f1) in gpu_results.tar.gz"
+echo "gpu_session.sh: $((SECONDS - started)) s; everything in $dir"

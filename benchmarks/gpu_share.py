@@ -34,9 +34,9 @@ import torch.multiprocessing as mp  # noqa: E402
 
 from benchmarks.train_loops import BEST, BEST_CUDA, GRAPH_WARMUP, compose_config, machine, medsweep_variant  # noqa: E402
 from src.config import Device, GpuShare  # noqa: E402
+from src.data.shipped import SHIPPED  # noqa: E402
 from src.errors import UsageError  # noqa: E402
 from src.parallel import mps  # noqa: E402
-from src.shipped import SHIPPED  # noqa: E402
 
 TIMEOUT_S = 600  # a process that has not reported by then failed
 

@@ -1,8 +1,8 @@
 """Issue 21's GPU targets against what a ``benchmarks/gpu_session.sh`` folder holds: one Markdown table.
 
-    python -m benchmarks.gpu_targets /tmp/gpu_session
+    python -m benchmarks.gpu_targets outputs/gpu_session
 
-The folder's parts, each written by one phase of the session script (a part that is missing reads "not measured"):
+The folder's parts, each written by one phase of the script (a part that is missing reads "not measured"):
 ``loops.jsonl`` (``train_loops.py --json``), ``share.jsonl`` (``gpu_share.py --json``), ``main/`` and ``mission/``
 (the sweep's MLflow store ``mlflow.db`` and its report in ``report/``; main's store also holds the ``startup`` job,
 one job in a fresh process for a model probed before) and ``wall.tsv`` (each phase's wall seconds and exit status).

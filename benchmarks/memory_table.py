@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA_ROOT = ROOT / "data" / "medmnist"  # the MedMNIST files that ship (src/shipped.py)
+DATA_ROOT = ROOT / "data" / "medmnist"  # the MedMNIST files that ship (src/data/shipped.py)
 # (model, data.size, model.stem): the standard stem throughout, since densenet121's small stem costs
 # ~50 forward GFLOPs per sample at 28^3; densenet121 at 64^3 so that its activations dominate.
 MODELS = (("resnet18", 28, "standard"), ("resnet18", 64, "standard"), ("densenet121", 64, "standard"))
@@ -90,10 +90,10 @@ def run_cell(overrides: list[str], trace: str | None = None) -> dict:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from src.config import register
+    from src.cli import register
+    from src.execution import resolve
     from src.parallel.ranks import seed_everything
     from src.perf.memory import predict
-    from src.resolve import resolve_device
     from src.training.build import build_trainer
     from src.training.mfu import Mfu
     from src.training.trainer import Hooks
@@ -101,10 +101,10 @@ def run_cell(overrides: list[str], trace: str | None = None) -> dict:
     register()
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = OmegaConf.to_object(compose("config", overrides=overrides))
-    device = resolve_device(cfg)
-    seed_everything(cfg)
-    prediction = predict(cfg, device)
-    trainer = build_trainer(cfg, device, hooks=Hooks(epoch_metrics=(Mfu.from_config(cfg, device, 1),)))
+    execution = resolve(cfg)
+    seed_everything(cfg, execution.threads)
+    prediction = predict(cfg, execution)
+    trainer = build_trainer(cfg, execution, hooks=Hooks(epoch_metrics=(Mfu.of(cfg, execution, 1),)))
     if trace:
         traced(trainer.memory, trace)
     logged = []

@@ -33,8 +33,10 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from medmnist import INFO  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from src.config import SPLITS, register  # noqa: E402
-from src.data import ensure_file, read_npz  # noqa: E402
+from src.cli import register  # noqa: E402
+from src.config import SPLITS  # noqa: E402
+from src.data.files import ensure_file  # noqa: E402
+from src.data.npz import read_npz  # noqa: E402
 
 FLAG = "adrenalmnist3d"
 

@@ -19,10 +19,11 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from src.config import Config, register
+from src.cli import register
+from src.config import Config
+from src.data.shipped import SHIPPED
+from src.execution import resolve
 from src.parallel.ranks import seed_everything
-from src.resolve import resolve_device
-from src.shipped import SHIPPED
 from src.training.build import build_trainer
 from src.training.meters import device_name
 
@@ -38,9 +39,9 @@ def compose_config(overrides: list[str]) -> Config:
 def train(overrides: list[str]) -> dict[str, float]:
     """One run to its end: the best epoch's ``val/auc``, the test metrics of its weights, minutes, samples/s."""
     cfg = compose_config(overrides)
-    device = resolve_device(cfg)
-    seed_everything(cfg)
-    trainer = build_trainer(cfg, device)
+    execution = resolve(cfg)
+    seed_everything(cfg, execution.threads)
+    trainer = build_trainer(cfg, execution)
     start, epochs = time.perf_counter(), []
     final = trainer.fit(lambda metrics, step: epochs.append(metrics))
     speed = [m["perf/samples_per_s"] for m in epochs if "perf/samples_per_s" in m]

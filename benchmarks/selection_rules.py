@@ -22,10 +22,10 @@ import numpy as np
 import torch
 
 from benchmarks.recipe_search import compose_config
-from src.config import register
+from src.cli import register
+from src.data.shipped import SHIPPED
+from src.execution import resolve
 from src.parallel.ranks import seed_everything
-from src.resolve import resolve_device
-from src.shipped import SHIPPED
 from src.training.build import build_trainer
 from src.training.meters import device_name
 from src.training.metrics import medmnist_metrics
@@ -39,8 +39,9 @@ def record(data: str, seed: int, overrides: list[str], root: str, out: Path) -> 
     if path.exists():
         return
     cfg = compose_config([f"data={data}", f"data.root={root}", "data.download=false", *overrides, f"seed={seed}"])
-    seed_everything(cfg)
-    trainer = build_trainer(cfg, resolve_device(cfg))
+    execution = resolve(cfg)
+    seed_everything(cfg, execution.threads)
+    trainer = build_trainer(cfg, execution)
     kept: dict[str, list] = {"raw_scores": [], "ema_scores": []}
     for epoch in range(cfg.epochs):
         trainer.epoch = epoch

@@ -70,13 +70,16 @@ from omegaconf import OmegaConf  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
-from src.config import Config, Device, Stem, register  # noqa: E402
-from src.data import load_splits, npz_path  # noqa: E402
+from src.cli import register  # noqa: E402
+from src.config import Config, Device, Stem  # noqa: E402
+from src.data.files import npz_path  # noqa: E402
+from src.data.loaders import load_splits  # noqa: E402
+from src.data.shipped import SHIPPED  # noqa: E402
 from src.errors import UsageError  # noqa: E402
+from src.execution import resolve  # noqa: E402
 from src.models import build_model  # noqa: E402
 from src.models.layers import resolve_stem  # noqa: E402
 from src.parallel.ranks import seed_everything  # noqa: E402
-from src.shipped import SHIPPED  # noqa: E402
 from src.training.build import build_trainer  # noqa: E402
 from src.training.meters import MemoryMonitor, ThroughputMeter, device_name, synchronize  # noqa: E402
 from src.training.step_graph import WARMUP_STEPS  # noqa: E402
@@ -192,14 +195,11 @@ def compose_config(args: argparse.Namespace, overrides: tuple[str, ...] = ()) ->
         return OmegaConf.to_object(compose("config", overrides=fixed + list(overrides)))
 
 
-def device_of(cfg: Config) -> torch.device:
-    return torch.device(cfg.device.value)
-
-
 def plain_variant(cfg: Config, data: tuple[np.ndarray, np.ndarray], workers: int, warmup: int) -> Variant:
     """The tutorials' loop on medsweep's zoo model with its default switches."""
-    seed_everything(cfg)
-    device = device_of(cfg)
+    execution = resolve(cfg)
+    seed_everything(cfg, execution.threads)
+    device = execution.device
     model = build_model(cfg.model, cfg.data).to(device)
     loader = DataLoader(
         NpzVolumes(*data),
@@ -249,8 +249,9 @@ def monai_variant(cfg: Config, data: tuple[np.ndarray, np.ndarray], workers: int
     from monai.data import DataLoader as MonaiDataLoader
     from monai.transforms import Compose, EnsureType, ScaleIntensity
 
-    seed_everything(cfg)
-    device = device_of(cfg)
+    execution = resolve(cfg)
+    seed_everything(cfg, execution.threads)
+    device = execution.device
     model = monai_model(cfg).to(device)
     images, labels = data
     dataset = ArrayDataset(images[:, None], img_transform=Compose([ScaleIntensity(), EnsureType()]), labels=labels)
@@ -274,9 +275,10 @@ def monai_variant(cfg: Config, data: tuple[np.ndarray, np.ndarray], workers: int
 def medsweep_variant(cfg: Config, warmup: int, name: str = "medsweep") -> Variant:
     """medsweep's ``Trainer`` as ``run_rank`` builds it; a round is one ``train_epoch`` whose meter skips ``warmup``
     (and synchronises the device at its timed window's edges)."""
-    seed_everything(cfg)
-    device = device_of(cfg)
-    trainer = build_trainer(cfg, device, splits={"train": load_splits(cfg.data)["train"]})
+    execution = resolve(cfg)
+    seed_everything(cfg, execution.threads)
+    device = execution.device
+    trainer = build_trainer(cfg, execution, splits={"train": load_splits(cfg.data)["train"]})
     trainer.meter = ThroughputMeter(device, warmup=warmup, first_warmup=warmup)
     epochs = itertools.count()
     timed = cfg.limit_batches - warmup

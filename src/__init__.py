@@ -7,6 +7,6 @@ from src.errors import stop_while_importing
 if sys.argv[:1] == ["-m"]:  # python -m src.<command> is importing its package: Ctrl-C in the imports is one line
     stop_while_importing()
 
-from src import shipped  # noqa: E402  (after the handler: it imports OmegaConf)
+from src.data import shipped  # noqa: E402  (after the handler: it imports OmegaConf)
 
 shipped.register()  # here, so every composition of conf/ (it imports src) resolves ${shipped:...}

@@ -24,12 +24,12 @@ from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
 from hydra.errors import ConfigCompositionException, HydraException, OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue, OmegaConfBaseException
+from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
-from src.config import register
-from src.errors import UsageError, exit_with
-from src.folders import release_claimed, release_refused
-from src.schema_check import check_known_keys, composition_error
+from src.config import Config, store_schema
+from src.errors import UsageError, exit_with, one_line
+from src.folders import register_fresh, release_claimed, release_refused
+from src.schema_check import check_known_keys, check_values, composition_error
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 FULL_ERROR = "HYDRA_FULL_ERROR"  # "1": Hydra raises its errors instead of printing them and exiting 1
@@ -38,8 +38,8 @@ FULL_ERROR = "HYDRA_FULL_ERROR"  # "1": Hydra raises its errors instead of print
 def command(
     config_name: str, zoo: bool = True, sweeps: bool = True
 ) -> Callable[[Callable[[DictConfig], Any]], Callable[[], Any]]:
-    """``@command("report", zoo=False)`` makes ``fn(cfg)`` a Hydra app (``zoo``: :func:`src.config.register`'s;
-    ``sweeps=False``: ``-m`` refused)."""
+    """``@command("report", zoo=False)`` makes ``fn(cfg)`` a Hydra app (``zoo``: :func:`register`'s, and the composed
+    model checked against the zoo's registry; ``sweeps=False``: ``-m`` refused)."""
     register(zoo)
     warnings.filterwarnings(  # what conf/hydra/launcher/<plugin>.yaml wants: a wrong key in it fails; no 4-line notice
         "ignore", r"\s*'hydra/launcher/[^']+' is validated against ConfigStore schema with the same name", UserWarning
@@ -52,7 +52,9 @@ def command(
             try:
                 check_sweeps_with_m(HydraConfig.get())
                 check_known_keys(cfg, HydraConfig.get().overrides.task)
-                check_values(cfg)
+                typed = check_values(cfg)
+                if zoo:
+                    check_zoo_model(typed)
                 return fn(cfg)
             except (UsageError, InterpolationResolutionError) as err:  # the command's end releases its folder
                 release_refused(HydraConfig.get())
@@ -63,6 +65,25 @@ def command(
     return decorate
 
 
+def register(zoo: bool = True) -> None:
+    """What ``conf/`` composes on, each registered by its owner: the schema (:func:`src.config.store_schema`),
+    ``${fresh:<folder>}`` (:func:`src.folders.register_fresh`); with ``zoo`` (``conf/config.yaml`` needs it, the report
+    does not: it spares the report importing torch), the model zoo, whose import stores the ``model`` group's options
+    and registers ``${models:}`` (:mod:`src.models.registry`)."""
+    store_schema()
+    register_fresh()
+    if zoo:
+        import src.models  # noqa: F401
+
+
+def check_zoo_model(typed: Config) -> None:
+    """The model a run's config composes, against the zoo's registry: a model that is not registered, a switch it
+    ignores set off its default (:func:`src.models.registry.check_model`)."""
+    from src.models.registry import check_model  # the zoo: imported by register(zoo=True), never by the report
+
+    check_model(typed.model)
+
+
 def check_sweeps_with_m(hydra_cfg: DictConfig) -> None:
     """A :class:`UsageError` for a sweep's keys (a preset's, ``hydra.sweeper.params``) in a command without ``-m``,
     which Hydra would run once."""
@@ -71,24 +92,6 @@ def check_sweeps_with_m(hydra_cfg: DictConfig) -> None:
         raise UsageError(
             f"{', '.join(swept)}: swept by hydra.sweeper.params (a preset's), which runs one job without -m: add -m"
         )
-
-
-def check_values(cfg: DictConfig) -> None:
-    """The typed schema's checks (types, mandatory values, each ``__post_init__``'s ranges) as one-line
-    :class:`UsageError`s."""
-    try:
-        OmegaConf.to_object(cfg)
-    except (ValueError, MissingMandatoryValue, InterpolationResolutionError) as err:
-        raise one_line(err) from None
-
-
-def one_line(err: Exception) -> UsageError:
-    """An OmegaConf or Hydra error as one line: the key (OmegaConf's ``full_key``; else, for an interpolation, the
-    overrides that interpolate), then its message's first line."""
-    line = str(err).strip().partition("\n")[0]
-    interpolating = [arg for arg in sys.argv[1:] if "${" in arg] if "interpolation" in line.lower() else []
-    key = getattr(err, "full_key", None) or ", ".join(interpolating)
-    return UsageError(f"{key}: {line}" if key else line)
 
 
 def reporting_composition_errors(

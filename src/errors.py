@@ -12,10 +12,19 @@ class UsageError(Exception):
     """A bad value in the user's config or environment; the message names the value and the fix."""
 
 
-def first(names: list[str], shown: int = 3) -> str:
+def first_few(names: list[str], shown: int = 3) -> str:
     """The first ``shown`` of ``names`` for a message, and how many more there are."""
     more = f" and {len(names) - shown} more" if len(names) > shown else ""
     return ", ".join(names[:shown]) + more
+
+
+def one_line(err: Exception) -> UsageError:
+    """An OmegaConf or Hydra error as one line: the key (OmegaConf's ``full_key``; else, for an interpolation, the
+    overrides that interpolate), then its message's first line."""
+    line = str(err).strip().partition("\n")[0]
+    interpolating = [arg for arg in sys.argv[1:] if "${" in arg] if "interpolation" in line.lower() else []
+    key = getattr(err, "full_key", None) or ", ".join(interpolating)
+    return UsageError(f"{key}: {line}" if key else line)
 
 
 def exit_with(err: UsageError) -> NoReturn:

@@ -22,8 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from src.atomic import is_temporary
-from src.errors import UsageError, exit_with, first
-from src.parallel.machine_share import outside_sweep
+from src.errors import UsageError, exit_with, first_few, one_line
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +64,13 @@ def fresh(path: str) -> str:
         return str(candidate)
 
 
+def register_fresh() -> None:
+    """``${fresh:<folder>}`` (``conf/config.yaml``'s run and sweep folders): :func:`fresh`, once per folder and
+    process."""
+    if not OmegaConf.has_resolver("fresh"):
+        OmegaConf.register_new_resolver("fresh", fresh, use_cache=True)
+
+
 def release(folder: Path, refused: bool = False) -> None:
     """Remove ``folder`` where :func:`fresh` claimed it in this process and it holds no more than Hydra writes before
     a command starts (``.hydra/``, an empty log; with ``refused``, a command that ended on its ``error:`` line before
@@ -89,12 +95,12 @@ def release_claimed() -> None:
 
 def release_refused(hydra: DictConfig) -> None:
     """:func:`release` a single run's folder (``hydra.runtime.output_dir``) as its command ends on its ``error:``
-    line: unless a run was made for it (:func:`keep`), its log and lock go with what Hydra wrote."""
+    line: unless a run was made for it (:func:`never_release`), its log and lock go with what Hydra wrote."""
     if hydra.mode is RunMode.RUN:
         release(Path(hydra.runtime.output_dir), refused=True)
 
 
-def keep(*folders: Path) -> None:
+def never_release(*folders: Path) -> None:
     """A run is made for ``folders``: they are its own, never released."""
     for folder in folders:
         CLAIMED.pop(folder.absolute(), None)
@@ -164,8 +170,8 @@ def check_own_folder(folder: Path, what: str) -> None:
     )
     if names:
         raise UsageError(
-            f"{what} holds files no run writes ({first(names)}), and a run logs its folder to MLflow: give an empty "
-            "folder"
+            f"{what} holds files no run writes ({first_few(names)}), and a run logs its folder to MLflow: give an "
+            "empty folder"
         )
 
 
@@ -185,7 +191,6 @@ class RunFolder(Callback):
         self.run = run
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        outside_sweep()
         try:
             folder, what = Path(config.hydra.run.dir), f"hydra.run.dir={config.hydra.run.dir}"
             if self.run:
@@ -198,8 +203,6 @@ class RunFolder(Callback):
         except UsageError as err:
             exit_with(err)
         except OmegaConfBaseException as err:  # hydra.run.dir=${oc.env:UNSET}: Hydra warns of it, then fails anew
-            from src.cli import one_line  # src.cli imports this module
-
             exit_with(one_line(err))
 
 

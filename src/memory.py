@@ -4,16 +4,16 @@
 from omegaconf import DictConfig
 
 from src.cli import command
+from src.execution import validate
 from src.perf.autobatch import check_one_sample
 from src.perf.memory import predict
-from src.resolve import validate
 
 
 @command("memory")
 def main(cfg: DictConfig) -> None:
-    typed, device = validate(cfg)
+    typed, execution = validate(cfg)
     check_one_sample(typed)
-    print(predict(typed, device).table(), flush=True)
+    print(predict(typed, execution).table(), flush=True)
 
 
 if __name__ == "__main__":

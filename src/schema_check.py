@@ -1,7 +1,9 @@
-"""Keys the schema does not declare, and Hydra's composition errors, as one line. Hydra's ``+key=value`` force-adds
-a key even into a typed node, so after composition every node typed with a dataclass of :mod:`src.config` may hold
-only that dataclass's fields; any other key, at any depth, is refused with one :class:`UsageError` line naming it,
-its override and the valid keys."""
+"""Keys the schema does not declare, values outside its ranges, and Hydra's composition errors, as one line.
+
+Hydra's ``+key=value`` force-adds a key even into a typed node, so after composition every node typed with a
+dataclass of :mod:`src.config` may hold only that dataclass's fields; any other key, at any depth, is refused with one
+:class:`UsageError` line naming it, its override and the valid keys. The values are then checked by the schema's own
+``__post_init__`` (:func:`check_values`)."""
 
 from __future__ import annotations
 
@@ -13,10 +15,16 @@ from typing import Any
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import MissingConfigException, OverrideParseException
-from omegaconf import DictConfig
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    InterpolationResolutionError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+)
 
-from src.errors import UsageError
+from src.errors import UsageError, one_line
 
 HYDRA_NODE = "hydra"  # Hydra's own settings beside the schema (in a callback's config): Hydra checks them
 
@@ -124,3 +132,12 @@ def composition_error(err: Exception, overrides: Sequence[str]) -> str:
     texts += [str(err)] + ([str(cause)] if isinstance(cause, OmegaConfBaseException) else [])
     lines = [line for text in texts for line in text.split("Config search path:")[0].splitlines()]
     return "; ".join(line.strip().rstrip(".") for line in lines if line.strip() and not line[0].isspace())
+
+
+def check_values(cfg: DictConfig) -> Any:
+    """The typed schema's checks (types, mandatory values, each ``__post_init__``'s ranges) as one-line
+    :class:`UsageError`s; the typed config."""
+    try:
+        return OmegaConf.to_object(cfg)
+    except (ValueError, MissingMandatoryValue, InterpolationResolutionError) as err:
+        raise one_line(err) from None

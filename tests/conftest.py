@@ -11,8 +11,8 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from src.config import register
-from src.shipped import SHIPPED
+from src.cli import register
+from src.data.shipped import SHIPPED
 from src.tracking.store import TRACKING_URI_ENV
 from tests.helpers import ROOT
 

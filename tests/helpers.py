@@ -1,8 +1,10 @@
-"""Helpers the tests share: paths, real Hydra composition, real processes, a real MLflow store's runs."""
+"""Helpers the tests share: paths, real Hydra composition, real processes, a real MLflow store's runs, a refused
+command's error line."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -15,9 +17,18 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
+import psutil
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins import basic_sweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.types import RunMode
+from omegaconf import OmegaConf
+
+from src.config import Config, Device
+from src.execution import Execution, resolve
+from src.tracking.runs import process_tags
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,6 +77,17 @@ def compose_config(*overrides: str):
     """The real Hydra composition of ``conf/config.yaml`` with ``overrides``."""
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         return compose("config", overrides=list(overrides))
+
+
+def compose_report(*overrides: str):
+    """The real Hydra composition of ``conf/report.yaml`` (``python -m src.report``) with ``overrides``."""
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        return compose("report", overrides=list(overrides))
+
+
+def on_cpu(cfg: Config) -> Execution:
+    """``cfg``'s execution on the CPU, whatever GPU the machine has."""
+    return resolve(dataclasses.replace(cfg, device=Device.cpu))
 
 
 def graph_on_cpu(trainer: Any) -> Any:
@@ -179,3 +201,89 @@ def runs(uri: str, experiment: str = "medsweep") -> list[mlflow.entities.Run]:
     client = mlflow.MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
     return client.search_runs([exp.experiment_id]) if exp else []
+
+
+def children(store):
+    return [r for r in runs(store) if r.data.tags.get("mlflow.parentRunId")]
+
+
+def jobs(*overrides: str) -> list[Config]:
+    """The typed config of every job of ``python -m src.train -m OVERRIDES``, split by Hydra's BasicSweeper."""
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        hydra_cfg = compose("config", overrides=list(overrides), return_hydra_config=True).hydra
+    sweeper_class = basic_sweeper.BasicSweeper  # looked up now: Hydra's plugin scan re-imports the module
+    sweeper = sweeper_class(max_batch_size=None, params=hydra_cfg.sweeper.params)
+    parsed = OverridesParser.create().parse_overrides([*sweeper._parse_config(), *overrides])
+    (batch,) = sweeper_class.split_arguments(parsed, max_batch_size=None)
+    return [OmegaConf.to_object(compose_config(*job)) for job in batch]
+
+
+BAD_INPUTS = [
+    (("model.name=resnet7",), "model.name=resnet7 is not a registered model: use one of"),
+    (("batch_size=0",), "batch_size=0 must be in [1, 2147483647]"),
+    (("accumulate=0",), "accumulate=0 must be in [1, 2147483647]"),
+    (("amp_dtype=float16",), "amp_dtype=float16 needs a CUDA device"),
+    (("data.root=/nonexistent",), "/nonexistent/adrenalmnist3d.npz not found and data.download=false"),
+    (("mlflow.tracking_uri=http://127.0.0.1:9",), "mlflow.tracking_uri=http://127.0.0.1:9 is unreachable"),
+    (("batch_size=2000",), "batch_size x accumulate x ranks = 2000 exceeds the 1188 training samples"),
+]
+
+
+def clean_error_line(result: subprocess.CompletedProcess) -> str:
+    """The one ``error:`` line of a command that failed cleanly: exit 2, no traceback in its output at all."""
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stdout + result.stderr, result.stderr[-3000:]
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    return line
+
+
+def hydra_job(folder: Path, overrides: list[str]):
+    """What ``plan_job`` reads of Hydra's job config."""
+    return OmegaConf.create(
+        {
+            "runtime": {"output_dir": str(folder)},
+            "overrides": {"task": overrides},
+            "job": {"name": "train", "num": 0},
+            "mode": RunMode.RUN,
+        }
+    )
+
+
+def ended_process() -> dict[str, str]:
+    """:func:`process_tags` of a process of this machine that has ended."""
+    with subprocess.Popen(["sleep", "60"]) as child:
+        started = psutil.Process(child.pid).create_time()
+        child.kill()
+    return {**process_tags(), "pid": f"{child.pid}@{started:.2f}"}
+
+
+JOBLIB = ("hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
+
+
+def sweep_runs(store: str) -> tuple[list[mlflow.entities.Run], list[mlflow.entities.Run]]:
+    """The parent runs and the job runs of the store."""
+    every = runs(store)
+    return [r for r in every if r.data.tags.get("role") == "sweep"], [r for r in every if "role" not in r.data.tags]
+
+
+def slow(*values):
+    return pytest.param(*values, marks=pytest.mark.slow)
+
+
+def one_error_line(result: subprocess.CompletedProcess) -> str:
+    """The one ``error:`` line of a refused command (exit 2, no traceback)."""
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    return line
+
+
+def only_run(uri: str) -> mlflow.entities.Run:
+    client = mlflow.MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("medsweep").experiment_id])
+    return run
+
+
+def job_overrides(tmp_path: Path, store: str, shared_data: Path, *overrides: str) -> list[str]:
+    """A job's overrides in ``small_run``, Hydra's own settings left out."""
+    return [o for o in small_run(tmp_path, store, shared_data, *overrides) if not o.startswith("hydra.")]

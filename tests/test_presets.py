@@ -1,4 +1,4 @@
-"""Sweep presets (``conf/preset/``): the jobs Hydra's sweeper makes of them, and tiny real sweeps."""
+"""The sweep presets (``conf/preset/``): the jobs Hydra's sweeper makes of them, and tiny real sweeps."""
 
 from __future__ import annotations
 
@@ -7,26 +7,12 @@ import itertools
 import mlflow
 import pytest
 from hydra import compose, initialize_config_dir
-from hydra._internal.core_plugins import basic_sweeper
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from src.config import Activation, Config, Init
-from src.errors import UsageError
 from src.models import MODELS
 from src.perf.autobatch import derived_batch
-from tests.helpers import ROOT, compose_config, run_cli, runs, small_run
-
-
-def jobs(*overrides: str) -> list[Config]:
-    """The typed config of every job of ``python -m src.train -m OVERRIDES``, split by Hydra's BasicSweeper."""
-    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        hydra_cfg = compose("config", overrides=list(overrides), return_hydra_config=True).hydra
-    sweeper_class = basic_sweeper.BasicSweeper  # looked up now: Hydra's plugin scan re-imports the module
-    sweeper = sweeper_class(max_batch_size=None, params=hydra_cfg.sweeper.params)
-    parsed = OverridesParser.create().parse_overrides([*sweeper._parse_config(), *overrides])
-    (batch,) = sweeper_class.split_arguments(parsed, max_batch_size=None)
-    return [OmegaConf.to_object(compose_config(*job)) for job in batch]
+from tests.helpers import ROOT, jobs, run_cli, runs, small_run
 
 
 def values(configs: list[Config], *keys: str) -> list[tuple]:
@@ -78,22 +64,6 @@ def test_parallel_preset_runs_one_process_and_ddp_at_one_effective_batch():
     configs = jobs("preset=parallel")
     assert values(configs, "parallel.mode") == [("ddp",), ("none",)]
     assert {derived_batch(cfg, world).batch_size * world for cfg in configs for world in (1, 2)} == {32}
-
-
-def test_a_derived_batch_that_does_not_divide_names_the_fix():
-    cfg = OmegaConf.to_object(compose_config("batch_size=derived", "effective_batch_size=30", "accumulate=4"))
-    with pytest.raises(
-        UsageError,
-        match=r"effective_batch_size=30 is not a multiple of accumulate x ranks = 4 x 1: "
-        r"use a multiple of 4",
-    ):
-        derived_batch(cfg, world=1)
-    with pytest.raises(
-        ValueError,
-        match=r"^batch_size=derived needs effective_batch_size=<n>: "
-        r"batch_size is effective_batch_size / \(accumulate x ranks\)$",
-    ):
-        OmegaConf.to_object(compose_config("batch_size=derived"))
 
 
 def test_optuna_preset_searches_lr_and_weight_decay_on_validation_auc():

@@ -63,6 +63,30 @@ def test_a_sweep_with_one_bad_job_prints_nothing_before_its_error_line(tmp_path,
     assert last.startswith("error: job 1 (") and message in last
 
 
+IGNORED = (  # the zoo's check (src.models.registry.check_model), wherever a command composes a model
+    "model.checkpointing=true: model=resnet18 ignores it; drop it, or use a model that acts on it: densenet121, "
+    "densenet169, densenet201, densenet264"
+)
+
+
+@pytest.mark.parametrize(
+    "module,args,line",
+    [
+        ("src.summary", ("model=resnet18",), IGNORED),
+        ("src.summary", ("-m", "model=resnet18,densenet121"), f"job 0 (model=resnet18): {IGNORED}"),
+        ("src.memory", ("model=resnet18",), IGNORED),
+        ("src.volumes", ("model=resnet18",), IGNORED),
+    ],
+    ids=["summary", "summary-sweep", "memory", "volumes"],
+)
+def test_a_switch_the_model_ignores_is_refused_by_every_command_composing_it(tmp_path, module, args, line):
+    """``python -m src.summary model=resnet18 model.checkpointing=true`` printed resnet18's summary: the check ran
+    only as a run was planned."""
+    result = run_cli(*args, "model.checkpointing=true", f"hydra.sweep.dir={tmp_path}", module=module, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == "" and result.stderr.strip().splitlines() == [f"error: {line}"]
+
+
 def test_dsconv_ratio_against_the_dense_model():
     text = summarize(ModelConfig(name="resnet18", dsconv=True), DATA)
     flops = {}

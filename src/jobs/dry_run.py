@@ -22,14 +22,14 @@ from mlflow.entities import Run
 
 from src.atomic import atomic_path
 from src.config import Config, FaultConfig, ParallelMode
-from src.data import check_file, split_sizes
+from src.data.files import check_file, split_sizes
+from src.execution import Execution
 from src.jobs.dry_run_total import FOLDER, JobEstimate, rounded, total
 from src.jobs.plan import Plan, resolve_batch
 from src.jobs.resume import Resume
 from src.parallel import dist
-from src.parallel.launch import job_device, job_gpus
-from src.parallel.ranks import job_world, ranks_on_node, seed_everything, thread_count
-from src.perf.memory import autocast_dtype
+from src.parallel.launch import job_gpus
+from src.parallel.ranks import job_world, seed_everything
 from src.perf.memory_cache import predicted
 from src.perf.step_timing import step_time
 from src.tracking.identity import NOT_HASHED
@@ -37,6 +37,7 @@ from src.tracking.runs import host
 from src.tracking.store import check_store, finished_runs
 from src.training.build import build_trainer
 from src.training.meters import MIN_TIMED_STEPS, synchronize
+from src.training.step_graph import WARMUP_STEPS, Batch
 from src.training.trainer import steps_per_epoch
 
 EVAL_COST = 1 / 3  # an evaluated sample costs a third of a trained one: a forward, where training adds a backward (~2)
@@ -104,8 +105,8 @@ def report(plan: Plan, external: dist.Rank | None) -> float:
     if not plan.finished:
         check_store(plan.tracking_uri)
         check_file(plan.cfg.data)
-    with job_gpus(HydraConfig.get(), plan.device) as gpus:
-        plan = dataclasses.replace(plan, device=job_device(plan.device, gpus))
+    with job_gpus(HydraConfig.get(), plan.execution.device) as gpus:
+        plan = plan.on(gpus)
         world = job_world(plan.cfg, gpus, external)
         cfg = resolve_batch(plan, world, probe=False)[0]
         if plan.finished:
@@ -115,8 +116,9 @@ def report(plan: Plan, external: dist.Rank | None) -> float:
             action = f"resume run {plan.resume.run_id}" if plan.resume else "run"
             minutes = job_seconds(cfg, world, rate.per_s, plan.resume) / 60
             estimate = rate.estimate(minutes)
-        peak = predicted(cfg, plan.device).total_mb
-        listed = JobEstimate(plan.job_num, plan.run_name, action, cfg.batch_size, peak, minutes, estimate)
+        peak = predicted(cfg, plan.execution).total_mb
+        step = "graphed" if plan.execution.graphed else "eager"
+        listed = JobEstimate(plan.job_num, plan.run_name, action, cfg.batch_size, peak, minutes, estimate, step)
     print(listed.line(), flush=True)
     if plan.multirun:
         with atomic_path(Path(HydraConfig.get().sweep.dir, FOLDER, f"{plan.job_num}.json")) as partial:
@@ -135,8 +137,10 @@ def comparable(run: Run) -> bool:
 
 def training_rate(plan: Plan, cfg: Config, gpus: tuple[int, ...], world: int) -> Rate:
     """Training samples/s of ``cfg`` on ``world`` ranks: from the finished runs with the same speed-relevant params on
-    this host, device type and thread count, else from its shape's step time (cached, or timed now)."""
-    threads = thread_count(cfg, ranks_on_node(cfg, world))
+    this host, device type and thread count, else from its shape's step time (cached, or timed now), the step as
+    the run's execution takes it (eager or graphed, in its compute dtype)."""
+    execution = plan.execution
+    threads = execution.threads
     speed = {k: v for k, v in plan.run_params(cfg, world).items() if not k.startswith(NOT_SPEED)}
     found = finished_runs(
         plan.tracking_uri,
@@ -148,35 +152,45 @@ def training_rate(plan: Plan, cfg: Config, gpus: tuple[int, ...], world: int) ->
         for run in found
         if RATE in run.data.metrics
         and comparable(run)
-        and run.data.tags.get("device", "").split(":")[0] == plan.device.type
+        and run.data.tags.get("device", "").split(":")[0] == execution.device.type
         and run.data.tags.get("num_threads") == str(threads)
         and all(run.data.params.get(key) == value for key, value in speed.items())
     ]
     if rates:
         basis = f"from {len(rates)} finished run{'s' if len(rates) > 1 else ''}"
         return Rate(statistics.median(rates), basis, runs=tuple(rates))
-    precision = str(autocast_dtype(cfg, plan.device) or torch.float32)  # amp=true resolved to float32 trains as false
-    shape = {k: v for k, v in speed.items() if k not in ("amp", "amp_dtype")} | {"precision": precision}
-    timing = step_time(shape, plan.device, threads, lambda: one_step(cfg, plan.device, gpus, world))
+    shape = {k: v for k, v in speed.items() if k not in ("amp", "amp_dtype")} | {"precision": str(execution.dtype)}
+    if execution.graphed:
+        shape["step"] = "graphed"
+    timing = step_time(shape, execution.device, threads, lambda: one_step(cfg, execution, gpus, world))
     basis = f"timed {timing.steps} steps{', machine busy' if timing.busy else ''}"
     return Rate(cfg.batch_size * cfg.accumulate * world / timing.seconds, basis, spread=timing.spread)
 
 
-def one_step(cfg: Config, device: torch.device, gpus: tuple[int, ...], world: int) -> Callable[[], float]:
-    """A function timing one optimizer step of ``cfg`` per call, in seconds: one micro-step (a random batch of its
-    shape, augmented, forward and backward) and one optimizer step, each timed to the device's end, as
-    ``accumulate`` x the micro-step + the optimizer step; with its threads and determinism (``seed_everything``);
-    DDP and DP: one device's step."""
-    seed_everything(cfg, ranks_on_node(cfg, world))
+def one_step(cfg: Config, execution: Execution, gpus: tuple[int, ...], world: int) -> Callable[[], float]:
+    """A function timing one optimizer step of ``cfg`` per call, in seconds, as ``execution`` runs it; with its threads
+    and determinism (``seed_everything``); DDP and DP: one device's step. Eager: one micro-step (a random batch of its
+    shape, augmented, forward and backward) and one optimizer step, each timed to the device's end, as ``accumulate``
+    x the micro-step + the optimizer step. Graphed: the replayed step, after its eager warm-up and capture."""
+    seed_everything(cfg, execution.threads)
     timed = dataclasses.replace(cfg, epochs=1, warmup_epochs=0, class_weights=False, fault=FaultConfig())
-    data = cfg.data
+    data, device = cfg.data, execution.device
     n = cfg.batch_size * (1 if cfg.parallel.mode is ParallelMode.ddp else world)  # parallel=dp: a batch spans GPUs
     images = torch.randint(0, 256, (n, data.in_channels, *[data.size] * 3), dtype=torch.uint8)
     labels = torch.arange(n) % data.num_classes
-    trainer = build_trainer(timed, device, gpus=gpus, splits={"train": (images, labels)})
+    trainer = build_trainer(timed, execution, gpus=gpus, splits={"train": (images, labels)})
     micro_steps = itertools.count()
 
-    def step() -> float:
+    def batches() -> list[Batch]:
+        return [trainer.train_batch((images, labels), 0, next(micro_steps)) for _ in range(cfg.accumulate)]
+
+    def graphed() -> float:
+        start = time.perf_counter()
+        trainer.train_step(batches())
+        synchronize(device)
+        return time.perf_counter() - start
+
+    def eager() -> float:
         start = time.perf_counter()
         trainer.micro_step(*trainer.train_batch((images, labels), 0, next(micro_steps)))
         synchronize(device)
@@ -185,7 +199,11 @@ def one_step(cfg: Config, device: torch.device, gpus: tuple[int, ...], world: in
         synchronize(device)
         return cfg.accumulate * (middle - start) + time.perf_counter() - middle
 
-    return step
+    if trainer.step_graph is None:
+        return eager
+    for _ in range(WARMUP_STEPS + 1):  # the eager warm-up steps and the capture: not the step a run repeats
+        graphed()
+    return graphed
 
 
 def job_seconds(cfg: Config, world: int, rate: float, resume: Resume | None = None) -> float:
@@ -194,7 +212,7 @@ def job_seconds(cfg: Config, world: int, rate: float, resume: Resume | None = No
     evaluates alone."""
     ddp = cfg.parallel.mode is ParallelMode.ddp
     sizes = split_sizes(cfg.data)
-    batches = sizes["train"] // (cfg.batch_size * world)  # a DDP rank's shard: n // world (src.data.SeededPermutation)
+    batches = sizes["train"] // (cfg.batch_size * world)  # a DDP rank's shard: n // world (loaders.SeededPermutation)
     steps = steps_per_epoch(cfg, batches)
     done_epochs, done_steps = (resume.epoch, resume.step) if resume else (0, 0)
     trained = ((cfg.epochs - done_epochs) * steps - done_steps) * cfg.batch_size * cfg.accumulate * world

@@ -21,7 +21,8 @@ FOLDER = "dry_run"  # in the sweep folder: one <job>.json per job
 @dataclasses.dataclass(frozen=True)
 class JobEstimate:
     """One job of a dry run: ``action`` is ``run``, ``resume run <id>`` or ``skip: finished run <id>``; ``estimate``
-    the line's text for its ``minutes`` (``0 min`` for a skip)."""
+    the line's text for its ``minutes`` (``0 min`` for a skip); ``step`` the step predicted and timed, ``eager`` or
+    ``graphed``."""
 
     job: int
     name: str
@@ -30,13 +31,14 @@ class JobEstimate:
     peak_mb: float
     minutes: float
     estimate: str
+    step: str = "eager"
 
     @property
     def runs(self) -> bool:
         return not self.action.startswith("skip")
 
     def line(self) -> str:
-        peak = f"peak {self.peak_mb:.0f} MiB at batch {self.batch_size}"
+        peak = f"peak {self.peak_mb:.0f} MiB at batch {self.batch_size}{', graphed' if self.step == 'graphed' else ''}"
         return f"job {self.job}: {self.name} | {self.action} | {peak} | {self.estimate}"
 
 

@@ -7,7 +7,6 @@ job whatever the ranks do. Under torchrun or a multi-task SLURM job the ranks ar
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import signal
@@ -19,21 +18,21 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from src.config import Config, ParallelMode
-from src.data import ensure_file
-from src.folders import held, holder, keep
+from src.data.files import ensure_file
+from src.folders import held, holder, never_release
 from src.jobs import dry_run, outcome
-from src.jobs.plan import Plan, plan_job, resolve_batch, save_job_config
-from src.jobs.rank import Job, run_rank, spawned_rank
+from src.jobs.plan import Job, Plan, plan_job, resolve_batch, save_job_config
+from src.jobs.rank import run_rank, spawned_rank
 from src.jobs.resume import earlier_twin, reopen
-from src.jobs.sweep import failure, read_stop, signalled, write_stop
+from src.jobs.stop_record import failure, read_stop, signalled, write_stop
 from src.parallel import dist
-from src.parallel.launch import job_device, job_gpus, spawn_ranks
+from src.parallel.launch import job_gpus, spawn_ranks
 from src.parallel.preemption import Preempted, PreemptedExit, Preemption, ended_with_parent, requeue_signal
 from src.parallel.ranks import job_world
 from src.perf.startup import StartupClock
 from src.tracking.identity import code_fingerprint
 from src.tracking.runs import RunLogger, environment_tags, user_tags
-from src.tracking.store import best_metric, ensure_store, probe
+from src.tracking.store import best_metric, check_usable, ensure_store
 from src.tracking.sweep import fail_parent_run, job_parent_id
 from src.tracking.ui import log_links
 
@@ -52,7 +51,7 @@ def train_job(cfg: DictConfig, clock: StartupClock, preemption: Preemption) -> f
 
 def run_job(cfg: DictConfig, clock: StartupClock, preemption: Preemption) -> float:
     started = dist.external_rank() if cfg.parallel.mode is ParallelMode.ddp else None  # rank > 0 follows rank 0
-    plan = plan_job(cfg, HydraConfig.get(), follower=started is not None and not started.is_main)
+    plan = plan_job(cfg, HydraConfig.get(), started)
     clock.mark("config")
     external = dist.external_rank() if plan.cfg.parallel.mode is ParallelMode.ddp else None
     if plan.cfg.dry_run:
@@ -73,19 +72,19 @@ def run_attempts(plan: Plan, external: dist.Rank | None, clock: StartupClock, pr
     """The job's MLflow run and its ranks, in the job's folder (held): attempts until one ends."""
     if plan.rerun_of or (plan.resume and plan.resume.folder != plan.job_dir):
         save_job_config(plan.stored, plan.job_dir)  # the artifact says what this run trains
-    probe(plan.tracking_uri)  # a store that cannot be used refused now; a fresh one created once the batch fits
+    check_usable(plan.tracking_uri)  # a store that cannot be used refused now; a fresh one created once the batch fits
     ensure_file(plan.cfg.data)
     clock.mark("data")
     ddp = plan.cfg.parallel.mode is ParallelMode.ddp
-    with job_gpus(HydraConfig.get(), plan.device) as gpus:
-        plan = dataclasses.replace(plan, device=job_device(plan.device, gpus))
+    with job_gpus(HydraConfig.get(), plan.execution.device) as gpus:
+        plan = plan.on(gpus)
         world = job_world(plan.cfg, gpus, external)
         first, tags = resolve_batch(plan, world)
         clock.mark("batch_size")
         client = ensure_store(plan.tracking_uri)
         clock.mark("mlflow")
         resume = plan.resume
-        keep(plan.job_dir, plan.output_dir)  # the run's from here: kept whatever ends it
+        never_release(plan.job_dir, plan.output_dir)  # the run's from here: kept whatever ends it
         for attempt in outcome.attempts(first):
             outcome.stop_before_run(preemption)
             run = reopen(client, resume) if resume else start_run(plan, attempt, world, client, tags)

@@ -31,7 +31,7 @@ from src.perf.autobatch import one_sample_fails
 from src.perf.memory import predict
 from src.tracking.identity import code_fingerprint
 from src.tracking.runs import RunLogger
-from src.tracking.store import best_metric, reason
+from src.tracking.store import best_metric, innermost_reason
 from src.tracking.sweep import SKIPPED_TAG, job_parent_id
 from src.training import checkpoint
 from src.training.trainer import Diverged
@@ -138,7 +138,7 @@ def go_on(run: RunLogger, output_dir: Path, fix: str, also: str = "") -> str:
 
 def store_failure(error: BaseException) -> str:
     """What a store error says, in a few words: a full disk as such."""
-    text = reason(error)
+    text = innermost_reason(error)
     full = any(sign in text for sign in ("database or disk is full", "no space left"))
     return "no space left on its disk" if full else text[:200]
 
@@ -168,7 +168,7 @@ def closed_failed(run: RunLogger, cfg: Config, plan: Plan, error: BaseException)
         raise error
     retry = halved(cfg) is not None  # the rule attempts() follows: a retry announced is one that runs
     run.set_tags({"status": "oom", "retried": str(retry).lower()})
-    run.log_metrics({**oom, "mem/predicted_mb": predict(cfg, plan.device).total_mb}, step=0)
+    run.log_metrics({**oom, "mem/predicted_mb": predict(cfg, plan.execution).total_mb}, step=0)
     run.finish("FAILED")
     message = f"out of memory at batch_size={cfg.batch_size} (peak {oom['mem/peak_mb']:.0f} MiB)"
     if retry:

@@ -13,18 +13,19 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from src.config import Config
-from src.data import content_params
+from src.data.files import content_params, split_sizes
 from src.errors import UsageError
+from src.execution import Execution, validate
 from src.jobs.rerun import rerun_config
 from src.jobs.resume import Resume, explicit, requeued, resumable
-from src.parallel.ranks import ranks_on_node
+from src.parallel.dist import Rank
+from src.parallel.launch import job_device
 from src.perf import probe_cache
 from src.perf.autobatch import check_fits, check_one_sample, derived_batch, fit_batch, predicted_batch
-from src.resolve import check_split_sizes, validate
+from src.perf.startup import StartupClock
 from src.tracking.identity import code_fingerprint, config_hash, flatten, run_name
 from src.tracking.store import ensure_store, finished_run, store_exists, tracking_uri
 from src.training import checkpoint
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Plan:
     cfg: Config
-    device: torch.device
+    execution: Execution  # how its steps execute here: resolved once, read by every part
     params: dict[str, str]  # the flattened config: the run's params, and what its config_hash is taken of
     stored: dict[str, Any]  # the resolved config, saved with each checkpoint
     overrides: list[str]
@@ -49,6 +50,11 @@ class Plan:
     rerun_of: str | None = None
     finished: mlflow.entities.Run | None = None  # skip_finished found this run: train nothing
     busy: str | None = None  # a live process trains an unfinished run of this config (its id): train nothing
+
+    def on(self, gpus: tuple[int, ...]) -> Plan:
+        """The plan of a job holding ``gpus`` (:func:`~src.parallel.launch.job_gpus`): it plans its batch and trains its
+        first rank on the first."""
+        return dataclasses.replace(self, execution=self.execution.on(job_device(self.execution.device, gpus)))
 
     @property
     def config_hash(self) -> str:
@@ -69,9 +75,11 @@ class Plan:
         }
 
 
-def plan_job(cfg: DictConfig, hydra_cfg: DictConfig, follower: bool = False) -> Plan:
-    """Raises :class:`UsageError` for anything that cannot work, before any work starts; writes nothing. A
-    ``follower`` (a torchrun / SLURM rank > 0) takes the run to go on with from rank 0, not from the store."""
+def plan_job(cfg: DictConfig, hydra_cfg: DictConfig, external: Rank | None = None) -> Plan:
+    """Raises :class:`UsageError` for anything that cannot work, before any work starts; writes nothing.
+    ``external``: the rank torchrun / SLURM started this process as; a rank > 0 takes the run to go on with from
+    rank 0, not from the store."""
+    follower = external is not None and not external.is_main
     job_dir = Path(hydra_cfg.runtime.output_dir)
     overrides = list(hydra_cfg.overrides.task)
     probe_cache.check_folder()
@@ -80,7 +88,7 @@ def plan_job(cfg: DictConfig, hydra_cfg: DictConfig, follower: bool = False) -> 
     rerun_of, name = cfg.rerun, None
     if rerun_of:
         cfg, name = rerun_config(cfg, overrides, tracking_uri(cfg))
-    typed, device = validate(cfg)
+    typed, execution = validate(cfg, external, resume.threads if resume else None)
     if not (rerun_of or resume) and isinstance(typed.batch_size, int) and typed.effective_batch_size is not None:
         raise UsageError(  # it trained batch_size x accumulate x ranks under another config hash
             f"effective_batch_size={typed.effective_batch_size}: batch_size={typed.batch_size} ignores it (only "
@@ -106,7 +114,7 @@ def plan_job(cfg: DictConfig, hydra_cfg: DictConfig, follower: bool = False) -> 
         )
     return Plan(
         cfg=typed,
-        device=device,
+        execution=execution,
         params=params,
         stored=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
         overrides=overrides,
@@ -161,7 +169,7 @@ def save_job_config(stored: dict[str, Any], job_dir: Path) -> None:
 
 def resolve_batch(plan: Plan, world: int, probe: bool = True) -> tuple[Config, dict[str, str]]:
     """The config at the micro-batch and accumulation it trains with, and tags saying how they were chosen: as the
-    resumed run trained (its threads too), else ``batch_size=auto`` (predicted, then probed; ``probe=False``:
+    resumed run trained, else ``batch_size=auto`` (predicted, then probed; ``probe=False``:
     predicted only, no tags), ``derived``, or as given. Refused where the batch exceeds the training split, or (on a
     CPU) a batch not chosen by the prediction is predicted past the memory free."""
     cfg, resume = plan.cfg, plan.resume
@@ -171,19 +179,72 @@ def resolve_batch(plan: Plan, world: int, probe: bool = True) -> tuple[Config, d
                 f"resume: run {resume.run_id} trained on {resume.world} ranks, this job has {world}: "
                 f"resume it with {resume.world} (parallel.nproc, or the launcher's tasks/GPUs)"
             )
-        chosen = dataclasses.replace(
-            cfg,
-            batch_size=resume.batch_size,
-            accumulate=resume.accumulate,
-            num_threads=cfg.num_threads or resume.threads,  # results change with the thread count
-        )
-        tags = {}
+        chosen, tags = dataclasses.replace(cfg, batch_size=resume.batch_size, accumulate=resume.accumulate), {}
     elif cfg.batch_size == "auto":
-        chosen, tags = fit_batch(cfg, plan.device, world) if probe else (predicted_batch(cfg, plan.device, world), {})
+        execution = plan.execution
+        chosen, tags = fit_batch(cfg, execution, world) if probe else (predicted_batch(cfg, execution, world), {})
     else:
         chosen, tags = derived_batch(cfg, world) if cfg.batch_size == "derived" else cfg, {}
     check_split_sizes(chosen, world)
     check_one_sample(chosen)
     if resume or cfg.batch_size != "auto":
-        check_fits(chosen, plan.device, ranks_on_node(chosen, world))
+        check_fits(chosen, plan.execution)
     return chosen, tags
+
+
+def check_split_sizes(cfg: Config, world: int) -> None:
+    need = cfg.batch_size * cfg.accumulate * world
+    have = split_sizes(cfg.data)["train"]
+    if need > have:
+        raise UsageError(
+            f"batch_size x accumulate x ranks = {need} exceeds the {have} training samples of "
+            f"{cfg.data.name}: lower batch_size or accumulate"
+        )
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every rank of one job needs, picklable for spawned ranks."""
+
+    cfg: Config
+    execution: Execution  # the job's: a rank trains on its own device (run_rank)
+    run_id: str | None
+    tracking_uri: str
+    output_dir: Path
+    log_file: Path
+    gpus: tuple[int, ...] = ()  # devices of an in-process rank; spawned ranks use cuda:<local rank>
+    resume_from: Path | None = None  # the checkpoint every rank loads before training
+    checkpoint_meta: dict = dataclasses.field(default_factory=dict)  # saved with each checkpoint (run id, config)
+    startup: StartupClock | None = None  # the job's start-up so far; the main rank logs it at the first step
+
+    @classmethod
+    def from_plan(
+        cls,
+        plan: Plan,
+        cfg: Config,
+        run_id: str | None = None,
+        world: int = 1,
+        gpus: tuple[int, ...] = (),
+        resume: Resume | None = None,
+        startup: StartupClock | None = None,
+    ) -> Job:
+        """The job of ``plan`` training ``cfg`` into run ``run_id`` on ``world`` ranks."""
+        meta = {
+            "run_id": run_id,
+            "config": plan.stored,
+            "batch_size": cfg.batch_size,
+            "accumulate": cfg.accumulate,
+            "world": world,
+        }
+        return cls(
+            cfg=cfg,
+            execution=plan.execution,
+            run_id=run_id,
+            tracking_uri=plan.tracking_uri,
+            output_dir=plan.output_dir,
+            log_file=plan.log_file,
+            gpus=gpus,
+            resume_from=resume.path if resume else None,
+            checkpoint_meta=meta,
+            startup=startup,
+        )

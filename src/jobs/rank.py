@@ -7,17 +7,13 @@ import contextlib
 import dataclasses
 import json
 import logging
-import os
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from src.config import Config
-from src.data import load_splits
-from src.jobs.plan import Plan
+from src.data.loaders import load_splits
+from src.execution import Execution
+from src.jobs.plan import Job
 from src.jobs.reporting import MainReporter, Reporter
-from src.jobs.resume import Resume
 from src.parallel import dist
 from src.parallel.preemption import Preempted, Preemption
 from src.parallel.ranks import data_parallel_width, seed_everything
@@ -31,96 +27,52 @@ from src.training.trainer import Diverged, Hooks
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Job:
-    """What every rank of one job needs, picklable for spawned ranks."""
-
-    cfg: Config
-    device_type: str
-    run_id: str | None
-    tracking_uri: str
-    output_dir: Path
-    log_file: Path
-    gpus: tuple[int, ...] = ()  # devices of an in-process rank; spawned ranks use cuda:<local rank>
-    resume_from: Path | None = None  # the checkpoint every rank loads before training
-    checkpoint_meta: dict = dataclasses.field(default_factory=dict)  # saved with each checkpoint (run id, config)
-    startup: StartupClock | None = None  # the job's start-up so far; the main rank logs it at the first step
-
-    @classmethod
-    def from_plan(
-        cls,
-        plan: Plan,
-        cfg: Config,
-        run_id: str | None = None,
-        world: int = 1,
-        gpus: tuple[int, ...] = (),
-        resume: Resume | None = None,
-        startup: StartupClock | None = None,
-    ) -> Job:
-        """The job of ``plan`` training ``cfg`` into run ``run_id`` on ``world`` ranks."""
-        meta = {
-            "run_id": run_id,
-            "config": plan.stored,
-            "batch_size": cfg.batch_size,
-            "accumulate": cfg.accumulate,
-            "world": world,
-        }
-        return cls(
-            cfg=cfg,
-            device_type=plan.device.type,
-            run_id=run_id,
-            tracking_uri=plan.tracking_uri,
-            output_dir=plan.output_dir,
-            log_file=plan.log_file,
-            gpus=gpus,
-            resume_from=resume.path if resume else None,
-            checkpoint_meta=meta,
-            startup=startup,
-        )
-
-
 def run_rank(
     job: Job, rank: dist.Rank, store_address: str | None = None, preemption: Preemption | None = None
 ) -> dict[str, float]:
     """One rank's whole training. Raises :class:`Preempted` on every rank when ``preemption`` stopped it."""
-    index = job.gpus[0] if job.gpus else rank.local_rank
-    device = torch.device("cuda", index) if job.device_type == "cuda" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    execution = job.execution
+    if execution.device.type == "cuda":
+        execution = execution.on(torch.device("cuda", job.gpus[0] if job.gpus else rank.local_rank))
+        torch.cuda.set_device(execution.device)
     if rank.world > 1:
-        dist.init_process_group(job.cfg, device, rank, store_address)
-        shared = [(job.cfg, job.resume_from, job.run_id)]  # rank 0's: the config and checkpoint it resolved, its run
+        dist.init_process_group(job.cfg, execution.backend, rank, store_address)
+        # rank 0's: the config, execution and checkpoint it resolved, its run
+        shared = [(job.cfg, job.execution, job.resume_from, job.run_id)]
         torch.distributed.broadcast_object_list(shared, src=0)
-        job = dataclasses.replace(job, cfg=shared[0][0], resume_from=shared[0][1], run_id=shared[0][2])
+        cfg, execution_of_rank0, resume_from, run_id = shared[0]
+        job = dataclasses.replace(job, cfg=cfg, execution=execution_of_rank0, resume_from=resume_from, run_id=run_id)
+        execution = execution_of_rank0.on(execution.device)
     try:
-        return train_rank(job, rank, device, preemption or Preemption())
+        return train_rank(job, rank, execution, preemption or Preemption())
     finally:
         if rank.world > 1:
             torch.distributed.destroy_process_group()
 
 
-def train_rank(job: Job, rank: dist.Rank, device: torch.device, preemption: Preemption) -> dict[str, float]:
-    cfg, clock = job.cfg, job.startup or StartupClock.begin()
+def train_rank(job: Job, rank: dist.Rank, execution: Execution, preemption: Preemption) -> dict[str, float]:
+    """One rank's training on ``execution`` (the job's, on this rank's device)."""
+    cfg, clock, device = job.cfg, job.startup or StartupClock.begin(), execution.device
     clock.mark("launch")
     if rank.is_main:  # evaluation's libraries, before the memory baseline: in every job's alike, not the first's peak
         load_libraries()
         clock.imported()
-    threads = seed_everything(cfg, ranks_on_node=int(os.environ.get("LOCAL_WORLD_SIZE", rank.world)))
-    log.info("rank %d/%d on %s with %d threads", rank.rank, rank.world, device, threads)
+    seed_everything(cfg, execution.threads)
+    log.info("rank %d/%d on %s with %d threads", rank.rank, rank.world, device, execution.threads)
     world = rank.world * data_parallel_width(cfg, job.gpus)
-    reporter = MainReporter(job, device, world) if rank.is_main else Reporter()
+    reporter = MainReporter(job, execution, world) if rank.is_main else Reporter()
     hooks = Hooks(
         checkpoint_to=job.output_dir / checkpoint.FILE if rank.is_main else None,
-        checkpoint_meta={**job.checkpoint_meta, "threads": threads},  # a resumed run keeps them: resume.Resume
+        checkpoint_meta={**job.checkpoint_meta, "threads": execution.threads},  # a resumed run keeps them
         preemption=preemption,
         epoch_metrics=reporter.epoch_metrics,
     )
     clock.mark("probes")
     splits = load_splits(cfg.data)
     clock.mark("data")
-    trainer = build_trainer(cfg, device, rank, job.gpus, hooks, splits)
+    trainer = build_trainer(cfg, execution, rank, job.gpus, hooks, splits)
     clock.mark("model")
-    reporter.started(trainer, threads, splits)
+    reporter.started(trainer, splits)
     if job.resume_from:
         trainer.load_state_dict(checkpoint.load(job.resume_from))
         log.info("resumed from %s at epoch %d step %d", job.resume_from, trainer.epoch + 1, trainer.step)

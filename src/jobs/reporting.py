@@ -6,18 +6,19 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 
-from src.data import class_names, npz_path, to_input
+from src.data.files import class_names, npz_path
+from src.data.loaders import to_input
+from src.execution import Execution
 from src.folders import EVAL_DIR, METRICS_FILE
 from src.jobs import resume
+from src.jobs.plan import Job
 from src.parallel.mps import run_tags
 from src.perf.flop_cache import counted_flops
 from src.perf.memory_cache import predicted_memory_metrics
 from src.perf.startup import StartupClock
-from src.resolve import resolve_amp_dtype
 from src.tracking.datasets import dataset_inputs
 from src.tracking.logged_model import log_model
 from src.tracking.runs import RunLogger
@@ -28,9 +29,6 @@ from src.training.metrics import write_eval_artifacts
 from src.training.mfu import Mfu
 from src.training.trainer import Trainer
 
-if TYPE_CHECKING:
-    from src.jobs.rank import Job
-
 log = logging.getLogger(__name__)
 Splits = dict[str, tuple[torch.Tensor, torch.Tensor]]
 
@@ -40,7 +38,7 @@ class Reporter:
 
     epoch_metrics: tuple[Callable[[dict[str, float]], dict[str, float]], ...] = ()
 
-    def started(self, trainer: Trainer, threads: int, splits: Splits) -> None:
+    def started(self, trainer: Trainer, splits: Splits) -> None:
         """The trainer is built (and its state not yet loaded)."""
 
     def resumed(self, trainer: Trainer) -> None:
@@ -59,38 +57,26 @@ class Reporter:
         """Training and the test are done."""
 
 
-def graph_tags(trainer: Trainer) -> dict[str, str]:
-    """``cuda_graphs``: whether the run's steps replay as one CUDA graph; if not, why (logged on CUDA)."""
-    if trainer.step_graph is not None:
-        return {"cuda_graphs": "true"}
-    if trainer.device.type == "cuda":
-        log.info("cuda_graphs: eager steps, %s", trainer.eager_because)
-    return {"cuda_graphs": "false", "cuda_graphs.eager_because": trainer.eager_because}
-
-
 class MainReporter(Reporter):
     """The main rank's reporting: the run's tags, dataset inputs, start-up, epoch and test metrics (the tested
     weights as an MLflow model with ``mlflow.log_model``); then the evaluation artifacts, ``best.pt`` and
     ``metrics.json`` in the job's folder."""
 
-    def __init__(self, job: Job, device: torch.device, world: int) -> None:
-        self.job, self.device = job, device
-        self.mfu = Mfu.from_config(job.cfg, device, world, counted_flops(job.cfg))
-        self.epoch_metrics = (predicted_memory_metrics(job.cfg, device), self.mfu)
+    def __init__(self, job: Job, execution: Execution, world: int) -> None:
+        self.job, self.execution = job, execution
+        self.mfu = Mfu.of(job.cfg, execution, world, counted_flops(job.cfg))
+        self.epoch_metrics = (predicted_memory_metrics(job.cfg, execution), self.mfu)
         self.resumed_at_end = False  # trained to the end before it stopped: the test may be logged already
 
-    def started(self, trainer: Trainer, threads: int, splits: Splits) -> None:
-        cfg = self.job.cfg
-        amp_dtype = str(resolve_amp_dtype(cfg, self.device)).removeprefix("torch.") if cfg.amp else "float32"
-        if cfg.amp and amp_dtype == "float32":
-            log.warning(
-                "amp=true: this CPU has no native bf16 (avx512_bf16/AMX), where autocast emulates it, 2-3x slower "
-                "with AVX-512, ~100x with AVX2 only; training in float32 (amp_dtype=bfloat16 forces it)"
-            )
+    def started(self, trainer: Trainer, splits: Splits) -> None:
+        cfg, execution = self.job.cfg, self.execution
+        if cfg.amp and execution.autocast is None:
+            log.warning(execution.dtype_because)
+        if execution.device.type == "cuda" and not execution.graphed:
+            log.info("cuda_graphs: eager steps, %s", execution.eager_because)
         self.run = RunLogger(ensure_store(self.job.tracking_uri), self.job.run_id)
-        tags = {"amp.dtype": amp_dtype, "mem.source": trainer.memory.source, "device": str(self.device), **run_tags()}
-        tags |= graph_tags(trainer)
-        self.run.set_tags({**tags, "num_threads": str(threads), **self.mfu.tags()})
+        tags = {**execution.tags(), "mem.source": trainer.memory.source, **run_tags(), **self.mfu.tags()}
+        self.run.set_tags(tags)
         self.mfu.on_new_peak = lambda peak: self.run.set_tags(self.mfu.tags())
         self.trainer, self.splits = trainer, splits
         self.inputs = dataset_inputs(cfg.data, npz_path(cfg.data), splits)

@@ -32,7 +32,7 @@ from src.training import checkpoint
 log = logging.getLogger(__name__)
 
 
-STATE_KEYS = ("run_id", "epoch", "step", "batch_size", "accumulate", "world", "config")
+STATE_KEYS = ("run_id", "epoch", "step", "batch_size", "accumulate", "world", "threads", "config")
 NOT_RESUMED = ("oom", "diverged")  # status tags of FAILED runs that would fail the same way again
 
 
@@ -47,7 +47,7 @@ class Resume:
     batch_size: int  # as trained (batch_size=auto / derived / an OOM retry chose it)
     accumulate: int
     world: int
-    threads: int | None = None  # each rank's CPU threads as trained (checkpoints written before 2026-11-27 lack it)
+    threads: int | None = None  # each rank's CPU threads as trained (None: not recorded, before 2026-11-27)
 
     @property
     def path(self) -> Path:
@@ -67,7 +67,7 @@ class Resume:
             state["batch_size"],
             state["accumulate"],
             state["world"],
-            state.get("threads"),
+            state["threads"],
         )
 
 

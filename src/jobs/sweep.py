@@ -1,4 +1,4 @@
-"""A sweep (``-m``): its main process's Hydra callback, and the stop record its jobs share.
+"""A sweep (``-m``): its main process's Hydra callback.
 
 The main process (:class:`Sweep`) checks every job before the first starts: their configs first
 (:mod:`src.jobs.sweep_checks`, before MLflow is imported), then their plans and data
@@ -6,17 +6,12 @@ The main process (:class:`Sweep`) checks every job before the first starts: thei
 the parent run and takes the stop signals, passing them on to the jobs). It ends the command: exit 0, ``128 + signal``
 after a stop signal, or the one ``error:`` line of a failed job. A job (:func:`src.jobs.job.in_sweep`) never raises to
 the launcher (joblib would kill the jobs running beside it): a stop signal or a failure writes the sweep's stop record,
-after which no job starts, and running ones end as they would.
+after which no job starts (:mod:`src.jobs.stop_record`), and running ones end as they would.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import json
 import logging
-import os
-import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,60 +21,14 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from src.cli import one_line
-from src.errors import UsageError, exit_with
+from src.errors import UsageError, exit_with, one_line
 from src.folders import check_hydra_files, check_no_chdir, check_own_folder, writable
 from src.jobs.sweep_checks import SweepJob, checked_jobs, grid
-from src.parallel.preemption import exit_code
-from src.tracking.identity import run_name
 
 if TYPE_CHECKING:
     from src.jobs.sweep_main import SweepMain
 
 log = logging.getLogger(__name__)
-
-STOP_FILE = ".stop"  # in the sweep folder: why no job starts any more
-MPS_DIR = ".mps"  # in the sweep folder: the pipes and log of an MPS daemon started for the sweep (gpu_share)
-
-
-@dataclasses.dataclass(frozen=True)
-class Stop:
-    """Why a sweep stopped: ``code`` is its exit code; ``error`` the one line of a failed job."""
-
-    reason: str
-    code: int
-    error: str | None = None
-
-
-def write_stop(sweep_dir: Path, stop: Stop) -> None:
-    """Record ``stop`` unless a stop is recorded already (the first one stands; ``link`` creates atomically)."""
-    path = sweep_dir / STOP_FILE
-    partial = path.with_name(f"{STOP_FILE}.{os.getpid()}.tmp")
-    partial.write_text(json.dumps(dataclasses.asdict(stop)))
-    with contextlib.suppress(FileExistsError):
-        os.link(partial, path)
-    partial.unlink()
-
-
-def read_stop(sweep_dir: Path) -> Stop | None:
-    path = sweep_dir / STOP_FILE
-    return Stop(**json.loads(path.read_text())) if path.is_file() else None
-
-
-def signalled(signum: int) -> Stop:
-    return Stop(f"{signal.Signals(signum).name} stopped the sweep", exit_code(signum))
-
-
-def failure(num: int, hydra_cfg: DictConfig, error: BaseException) -> Stop:
-    """A failed job's stop: its one line (a :class:`UsageError`'s, exit 2; else the error and the job's log, exit 1,
-    its traceback in that log)."""
-    name = run_name(hydra_cfg.overrides.task)
-    if isinstance(error, UsageError):
-        log.error("error: %s", error)
-        return Stop(f"job {num} failed", 2, f"job {num} ({name}): {error}")
-    log.exception("job %d failed", num)
-    where = Path(hydra_cfg.runtime.output_dir) / f"{hydra_cfg.job.name}.log"
-    return Stop(f"job {num} failed", 1, f"job {num} ({name}) failed: {type(error).__name__}: {error} (log: {where})")
 
 
 def check_job_folders(sweep_dir: Path, jobs: list[SweepJob]) -> None:

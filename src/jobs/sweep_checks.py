@@ -22,10 +22,10 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from src.cli import check_values, one_line
-from src.errors import UsageError, exit_with
+from src.errors import UsageError, exit_with, one_line
+from src.models.registry import check_model
 from src.parallel.machine_share import launcher_cpus
-from src.schema_check import check_known_keys, composition_error
+from src.schema_check import check_known_keys, check_values, composition_error
 from src.tracking.identity import run_name
 
 SLURM_COMMANDS = ("sbatch", "srun")  # what submitit's SLURM executor runs
@@ -146,8 +146,8 @@ class SweepJob:
 
 
 def checked_jobs(config: DictConfig) -> list[SweepJob]:
-    """Every job of the sweep composed as Hydra will compose it, its keys and values checked: the first failure as a
-    :class:`UsageError` naming the job."""
+    """Every job of the sweep composed as Hydra will compose it, its keys, values and model checked: the first failure
+    as a :class:`UsageError` naming the job."""
     check_known_keys(config, config.hydra.overrides.task)
     check_launcher(config)
     check_sweeper(config)
@@ -171,7 +171,7 @@ def checked_jobs(config: DictConfig) -> list[SweepJob]:
             with open_dict(task):
                 del task["hydra"]
             check_known_keys(task, overrides)
-            check_values(task)
+            check_model(check_values(task).model)
         jobs.append(SweepJob(num, name, overrides, task, composed.hydra))
     check_workers(config, handed_at_once(config, jobs))
     return jobs

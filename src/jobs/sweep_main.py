@@ -19,10 +19,10 @@ import torch
 from omegaconf import DictConfig, open_dict
 
 from src.config import Device
-from src.data import check_file, ensure_file
+from src.data.files import check_file, ensure_file
 from src.folders import held
 from src.jobs.plan import plan_job, resolve_batch
-from src.jobs.sweep import MPS_DIR, STOP_FILE, Stop, read_stop, signalled, write_stop
+from src.jobs.stop_record import STOP_FILE, Stop, read_stop, signalled, write_stop
 from src.jobs.sweep_checks import SweepJob, grid, handed_at_once
 from src.parallel import machine_share, mps
 from src.parallel.launch import launcher_jobs
@@ -32,6 +32,8 @@ from src.tracking.store import check_store, ensure_store, store_exists, tracking
 from src.tracking.sweep import close_parent, open_parent
 
 log = logging.getLogger(__name__)
+
+MPS_DIR = ".mps"  # in the sweep folder: the pipes and log of an MPS daemon started for the sweep (gpu_share)
 
 FIXED_CONFIG_DIR = ".fixed-config"  # in the sweep folder, never made: where an Optuna sweep's fixed config is planned
 
@@ -77,7 +79,7 @@ def check_plan(job: SweepJob, dry: bool, trial: bool = False) -> None:
         return
     (check_file if dry else ensure_file)(plan.cfg.data)
     if plan.cfg.batch_size != "auto" or plan.resume:  # auto: the job's probe checks it
-        gpus = tuple(range(torch.cuda.device_count())) if plan.device.type == "cuda" else ()
+        gpus = tuple(range(torch.cuda.device_count())) if plan.execution.device.type == "cuda" else ()
         world = job_world(plan.cfg, gpus)
         resolve_batch(plan, world, probe=False)  # it refuses a batch past the split or the memory
 

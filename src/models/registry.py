@@ -1,5 +1,6 @@
 """The model registry: ``@register_model(...)`` files a builder under its function name (as timm does), with the
-switches it acts on and its defaults, and stores it as the ``model=<name>`` option of Hydra's ``model`` group."""
+switches it acts on and its defaults, and stores it as the ``model=<name>`` option of Hydra's ``model`` group;
+``${models:}`` names every registered model, comma-separated (``preset=models``' sweep)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from enum import Enum
 from typing import Any, TypeVar
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 from torch import nn
 
 from src.config import ModelConfig
@@ -32,6 +34,8 @@ class Model:
 
 
 MODELS: dict[str, Model] = {}
+if not OmegaConf.has_resolver("models"):  # read as it resolves: a model registered later is swept too
+    OmegaConf.register_new_resolver("models", lambda: ",".join(MODELS))
 
 
 def register_model(switches: Iterable[str] = (), **defaults: Any) -> Callable[[Builder], Builder]:

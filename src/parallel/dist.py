@@ -16,7 +16,6 @@ import torch.distributed as dist
 
 from src.config import Config
 from src.errors import UsageError
-from src.resolve import ddp_backend
 
 HOST = "127.0.0.1"  # spawned ranks share this machine
 PORT_MAX = 65535
@@ -114,14 +113,14 @@ def world_size(cfg: Config, gpus: tuple[int, ...]) -> int:
     return cfg.parallel.nproc or len(gpus) or 2
 
 
-def init_process_group(cfg: Config, device: torch.device, rank: Rank, store_address: str | None = None) -> None:
-    """Join the job's process group: through the TCPStore at ``store_address`` (:func:`rendezvous`, spawned
-    ranks), else ``env://`` (torchrun, SLURM)."""
+def init_process_group(cfg: Config, backend: str, rank: Rank, store_address: str | None = None) -> None:
+    """Join the job's process group on ``backend``: through the TCPStore at ``store_address`` (:func:`rendezvous`,
+    spawned ranks), else ``env://`` (torchrun, SLURM)."""
     timeout = timedelta(seconds=cfg.parallel.timeout_s)
     host, _, port = (store_address or "").rpartition(":")
     store = dist.TCPStore(host, int(port), rank.world, False, timeout=timeout) if store_address else None
     dist.init_process_group(
-        ddp_backend(cfg, device),
+        backend,
         init_method=None if store else "env://",
         store=store,
         rank=rank.rank,

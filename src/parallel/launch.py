@@ -76,14 +76,23 @@ def job_gpus(hydra_cfg: DictConfig, device: torch.device) -> Iterator[tuple[int,
     """This job's GPUs (none when it runs on the CPU): all visible ones, or, where its sweep runs several jobs at once
     on this machine (:func:`jobs_at_once`), its own share, held through a slot lock for the job's lifetime; more jobs
     than GPUs share them, each job's memory budget its share of its GPU (:func:`sharing_gpu`)."""
-    count = torch.cuda.device_count() if device.type == "cuda" else 0
-    n_jobs = jobs_at_once()
-    if not count or n_jobs <= 1:
+    count, n_jobs, per_job = visible_gpus_count(device), jobs_at_once(), gpus_per_job(device)
+    if n_jobs <= 1 or not count:
         yield tuple(range(count))
         return
-    per_job = max(1, count // n_jobs)
     with dist.gpu_slot(Path(hydra_cfg.sweep.dir), n_jobs) as slot, sharing_gpu(gpu_jobs(slot, count)):
         yield tuple((slot * per_job + i) % count for i in range(per_job))
+
+
+def visible_gpus_count(device: torch.device) -> int:
+    return torch.cuda.device_count() if device.type == "cuda" else 0
+
+
+def gpus_per_job(device: torch.device) -> int:
+    """How many GPUs :func:`job_gpus` gives a job on ``device``'s type: all visible ones, or its share where its sweep
+    runs several jobs at once on this machine (one at least); none on the CPU."""
+    count, n_jobs = visible_gpus_count(device), jobs_at_once()
+    return count if n_jobs <= 1 or not count else max(1, count // n_jobs)
 
 
 def job_device(device: torch.device, gpus: tuple[int, ...]) -> torch.device:

@@ -10,6 +10,8 @@ import os
 from collections.abc import Iterator
 
 import psutil
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
 
 JOBS_ENV = "MEDSWEEP_JOBS_AT_ONCE"  # the sweep's jobs running at once on this machine
 FREE_ENV = "MEDSWEEP_FREE_MB"  # the memory free (MemAvailable, MiB) before the sweep's first job started
@@ -29,7 +31,7 @@ def free_mb() -> float:
     return psutil.virtual_memory().available / 2**20
 
 
-def recorded(name: str) -> float | None:
+def recorded_by_sweep(name: str) -> float | None:
     """A positive number the sweep recorded under ``name``; None where it is unset or not one."""
     try:
         value = float(os.environ.get(name, ""))
@@ -40,12 +42,12 @@ def recorded(name: str) -> float | None:
 
 def jobs_at_once() -> int:
     """The jobs of this process's sweep running at once on this machine, this one included; 1 outside such a sweep."""
-    return int(recorded(JOBS_ENV) or 1)
+    return int(recorded_by_sweep(JOBS_ENV) or 1)
 
 
 def free_at_start_mb() -> float | None:
     """The memory free before this process's sweep started, where several of its jobs run at once; else None."""
-    return recorded(FREE_ENV) if jobs_at_once() > 1 else None
+    return recorded_by_sweep(FREE_ENV) if jobs_at_once() > 1 else None
 
 
 def memory_share_mb() -> float:
@@ -64,7 +66,7 @@ def gpu_jobs(slot: int, gpus: int) -> int:
 def gpu_share_mb(free: float, total: float) -> float:
     """This job's share of its GPU's memory (MiB): the ``total`` over the jobs on it (:data:`GPU_JOBS_ENV`; their peaks
     come later), at most what is ``free`` now."""
-    return min(free, total / (recorded(GPU_JOBS_ENV) or 1))
+    return min(free, total / (recorded_by_sweep(GPU_JOBS_ENV) or 1))
 
 
 @contextlib.contextmanager
@@ -100,3 +102,10 @@ def outside_sweep() -> None:
     """A single run is no sweep's job: what a sweep records for its jobs, left in the environment, is dropped."""
     for name in (JOBS_ENV, FREE_ENV, GPU_JOBS_ENV, SHARE_ENV):
         os.environ.pop(name, None)
+
+
+class OutsideSweep(Callback):
+    """Hydra callback of a single run (``conf/config.yaml``'s): :func:`outside_sweep` as it starts."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: object) -> None:
+        outside_sweep()

@@ -10,12 +10,11 @@ import torch
 
 from src.config import Config, ParallelMode
 from src.parallel import dist
-from src.parallel.machine_share import jobs_at_once
 
 
-def seed_everything(cfg: Config, ranks_on_node: int = 1) -> int:
-    """Seed Python, NumPy and torch, fix this rank's thread count, and enforce determinism when asked."""
-    threads = thread_count(cfg, ranks_on_node)
+def seed_everything(cfg: Config, threads: int) -> None:
+    """Seed Python, NumPy and torch, fix this rank's thread count (results change with it), and enforce determinism
+    when asked."""
     torch.set_num_threads(threads)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
@@ -25,13 +24,6 @@ def seed_everything(cfg: Config, ranks_on_node: int = 1) -> int:
         torch.use_deterministic_algorithms(True, warn_only=True)  # CUDA: pooling backward has no deterministic kernel
     torch.backends.cudnn.deterministic = cfg.deterministic
     torch.backends.cudnn.benchmark = cfg.cudnn_benchmark and not cfg.deterministic
-    return threads
-
-
-def thread_count(cfg: Config, ranks_on_node: int = 1) -> int:
-    """A rank's CPU threads: ``num_threads``, else this process's cores shared by the ranks on its node and by the
-    jobs of its sweep running at once on this machine."""
-    return cfg.num_threads or max(1, len(os.sched_getaffinity(0)) // (ranks_on_node * jobs_at_once()))
 
 
 def wrap(
@@ -58,9 +50,3 @@ def job_world(cfg: Config, gpus: tuple[int, ...], external: dist.Rank | None = N
 def data_parallel_width(cfg: Config, gpus: tuple[int, ...]) -> int:
     """How many devices share one loader batch: the GPUs of ``parallel=dp``, else 1."""
     return len(gpus) if cfg.parallel.mode is ParallelMode.dp else 1
-
-
-def ranks_on_node(cfg: Config, world: int) -> int:
-    """The ranks sharing this node's cores and memory: torchrun's ``LOCAL_WORLD_SIZE``, a spawned DDP job's ranks,
-    else 1."""
-    return dist.env_count("LOCAL_WORLD_SIZE", 1) or (world if cfg.parallel.mode is ParallelMode.ddp else 1)

@@ -8,8 +8,10 @@ import logging
 import torch
 
 from src.config import Config, Norm
-from src.data import load_splits, split_sizes
+from src.data.files import split_sizes
+from src.data.loaders import load_splits
 from src.errors import UsageError
+from src.execution import Execution
 from src.models import build_model
 from src.models.registry import MODELS
 from src.parallel.machine_share import free_at_start_mb, gpu_share_mb, jobs_at_once, memory_share_mb
@@ -35,13 +37,15 @@ def budget_mb(cfg: Config, device: torch.device) -> float:
     return memory_share_mb()
 
 
-def check_fits(cfg: Config, device: torch.device, ranks: int) -> None:
-    """On a CPU, a :class:`UsageError` where ``ranks`` processes of ``cfg`` are predicted to need more memory than the
+def check_fits(cfg: Config, execution: Execution) -> None:
+    """On a CPU, a :class:`UsageError` where the job's ranks on this node (``execution.ranks_on_node`` processes of
+    ``cfg``) are predicted to need more memory than the
     usable part of the budget (:func:`budget_mb`, :func:`usable_mb`): the kernel would kill the job mid-run, its run
     left RUNNING. On a GPU an out of memory is an error the job takes (status ``oom``, ``oom_retry``)."""
+    device, ranks = execution.device, execution.ranks_on_node
     if device.type != "cpu":
         return
-    each, budget = predicted(cfg, device).total_mb, budget_mb(cfg, device)
+    each, budget = predicted(cfg, execution).total_mb, budget_mb(cfg, device)
     if ranks * each <= usable_mb(budget, device):
         return
     ranked = f"{ranks} ranks x {each / 1024:.1f} GiB" if ranks > 1 else f"{each / 1024:.1f} GiB"
@@ -77,12 +81,13 @@ def usable_mb(budget: float, device: torch.device) -> float:
     return budget * (1 - CPU_HEADROOM) if device.type == "cpu" else budget
 
 
-def predicted_mb(cfg: Config, device: torch.device, batch_size: int, world: int = 1) -> float:
+def predicted_mb(cfg: Config, execution: Execution, batch_size: int, world: int = 1) -> float:
     """The prediction of ``cfg`` trained at ``batch_size``, at the accumulation it then trains with (:func:`at_batch`:
     ``effective_batch_size`` sets it, and an accumulated gradient step holds more than a single one)."""
     target = cfg.effective_batch_size  # as at_batch sets it; at least 1 for a batch past the target (not a candidate)
     accumulate = max(1, target // (batch_size * world)) if target else cfg.accumulate
-    return predict(dataclasses.replace(cfg, batch_size=batch_size, accumulate=accumulate), device, batch_size).total_mb
+    at = dataclasses.replace(cfg, batch_size=batch_size, accumulate=accumulate)
+    return predict(at, execution, batch_size).total_mb
 
 
 def check_one_sample(cfg: Config) -> None:
@@ -116,12 +121,12 @@ def smallest_batch(cfg: Config) -> int:
     return 2 if cfg.model.norm is Norm.batch else 1
 
 
-def largest_predicted(cfg: Config, device: torch.device, budget: float, upper: int, world: int = 1) -> int:
+def largest_predicted(cfg: Config, execution: Execution, budget: float, upper: int, world: int = 1) -> int:
     """The largest micro-batch up to ``upper`` predicted within ``budget`` (bisection; 0 if none)."""
     low, high = smallest_batch(cfg) - 1, upper
     while low < high:
         mid = (low + high + 1) // 2
-        low, high = (mid, high) if predicted_mb(cfg, device, mid, world) <= budget else (low, mid - 1)
+        low, high = (mid, high) if predicted_mb(cfg, execution, mid, world) <= budget else (low, mid - 1)
     return low if low >= smallest_batch(cfg) else 0
 
 
@@ -151,25 +156,26 @@ def candidates(cfg: Config, world: int, largest: int) -> list[int]:
     return [b for b in range(min(per_rank, largest), smallest - 1, -1) if per_rank % b == 0]
 
 
-def probe_peak_mb(cfg: Config, device: torch.device, batch_size: int) -> float:
+def probe_peak_mb(cfg: Config, execution: Execution, batch_size: int) -> float:
     """Measured peak of real training steps at ``batch_size`` (the run's model, data and precision): two, since the
     optimizer's state (Adam: 2x the parameters) exists only from the first step's end, in the second's peak."""
     probe = dataclasses.replace(cfg, batch_size=batch_size, accumulate=1, limit_batches=2, epochs=1, warmup_epochs=0)
-    trainer = build_trainer(probe, device, splits={"train": load_splits(cfg.data)["train"]})
+    trainer = build_trainer(probe, execution, splits={"train": load_splits(cfg.data)["train"]})
     trainer.memory.start()
     peak = trainer.train_epoch(0)["mem/peak_mb"]
     del trainer
-    if device.type == "cuda":
+    if execution.device.type == "cuda":
         torch.cuda.empty_cache()
     return peak
 
 
-def predicted_candidates(cfg: Config, device: torch.device, world: int) -> tuple[float, list[int]]:
+def predicted_candidates(cfg: Config, execution: Execution, world: int) -> tuple[float, list[int]]:
     """The budget, and the micro-batches to confirm, largest first, of those predicted within its usable part and
     whose optimizer step the training split fills (``accumulate`` kept where no ``effective_batch_size`` sets it)."""
-    budget = budget_mb(cfg, device)
+    budget = budget_mb(cfg, execution.device)
     steps = world * (1 if cfg.effective_batch_size else cfg.accumulate)
-    largest = largest_predicted(cfg, device, usable_mb(budget, device), split_sizes(cfg.data)["train"] // steps, world)
+    usable, upper = usable_mb(budget, execution.device), split_sizes(cfg.data)["train"] // steps
+    largest = largest_predicted(cfg, execution, usable, upper, world)
     return budget, candidates(cfg, world, largest)
 
 
@@ -190,14 +196,14 @@ def no_batch_fits(cfg: Config, budget: float) -> UsageError:
     )
 
 
-def fit_batch(cfg: Config, device: torch.device, world: int) -> tuple[Config, dict[str, str]]:
+def fit_batch(cfg: Config, execution: Execution, world: int) -> tuple[Config, dict[str, str]]:
     """``cfg`` with the chosen micro-batch and accumulation, and tags saying how it was chosen."""
-    budget, batches = predicted_candidates(cfg, device, world)
-    usable = usable_mb(budget, device)
+    budget, batches = predicted_candidates(cfg, execution, world)
+    usable = usable_mb(budget, execution.device)
     for batch in batches:
-        predicted = predicted_mb(cfg, device, batch, world)
+        predicted = predicted_mb(cfg, execution, batch, world)
         try:
-            measured = probe_peak_mb(cfg, device, batch)
+            measured = probe_peak_mb(cfg, execution, batch)
         except torch.OutOfMemoryError:
             continue
         if measured > usable:
@@ -222,10 +228,10 @@ def fit_batch(cfg: Config, device: torch.device, world: int) -> tuple[Config, di
     raise no_batch_fits(cfg, budget)
 
 
-def predicted_batch(cfg: Config, device: torch.device, world: int) -> Config:
+def predicted_batch(cfg: Config, execution: Execution, world: int) -> Config:
     """``batch_size=auto`` as the predictor alone chooses it, confirmed by no training step (a dry run): the largest
     candidate; a probe may still refuse it."""
-    budget, batches = predicted_candidates(cfg, device, world)
+    budget, batches = predicted_candidates(cfg, execution, world)
     if not batches:
         raise no_batch_fits(cfg, budget)
     return at_batch(cfg, batches[0], world)

@@ -22,12 +22,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from src.config import Config, DataConfig, Loader, OptimConfig, OptimName
-from src.data import split_sizes, to_input
+from src.data.files import split_sizes
+from src.data.loaders import to_input
 from src.errors import UsageError
+from src.execution import Execution
 from src.models import build_model
 from src.models.layers import activation_gain
-from src.parallel.ranks import thread_count
-from src.resolve import resolve_amp_dtype
 
 MIB = 2**20
 GLIBC_MMAP_CEILING = 32 * MIB  # glibc's dynamic mmap threshold rises to at most this: smaller blocks come from its heap
@@ -150,19 +150,20 @@ def _batch(data: DataConfig, batch_size: int, device: torch.device) -> tuple[tor
 
 @cachetools.cached(
     cachetools.LRUCache(maxsize=16),
-    key=lambda cfg, device, batch_size: repr(
-        (cfg.model, cfg.data, autocast_dtype(cfg, device), min(cfg.accumulate, 2), device, batch_size)
+    key=lambda cfg, execution, batch_size: repr(
+        (cfg.model, cfg.data, execution.autocast, min(cfg.accumulate, 2), execution.device, batch_size)
     ),
 )
-def footprint(cfg: Config, device: torch.device, batch_size: int) -> Footprint:
-    """Replay a training micro-step of ``cfg`` at ``batch_size`` on fake tensors of ``device`` (once per process
-    for each model, data, precision, accumulation and batch: a sweep's later jobs reuse it).
+def footprint(cfg: Config, execution: Execution, batch_size: int) -> Footprint:
+    """Replay a training micro-step of ``cfg`` at ``batch_size`` on fake tensors of ``execution``'s device, in its
+    compute dtype (once per process for each model, data, precision, accumulation and batch: a sweep's later jobs
+    reuse it).
 
     The saved tensors are recorded in a forward of their own: hooks that return the tensor they pack tie
     it to its own graph node, which would keep memory alive in the replay that tracks the peak. With
     ``accumulate > 1`` that replay runs a second micro-step, with the accumulated gradients held.
     """
-    data, dtype = cfg.data, autocast_dtype(cfg, device)
+    data, dtype, device = cfg.data, execution.autocast, execution.device
     autocast = functools.partial(torch.autocast, device.type, dtype=dtype, enabled=dtype is not None)
     activation_gain(cfg.model.activation)  # computed (and cached) for real: it reads a value
     with FakeTensorMode():
@@ -188,12 +189,6 @@ def footprint(cfg: Config, device: torch.device, batch_size: int) -> Footprint:
             casts.nbytes,
             live.peak,
         )
-
-
-def autocast_dtype(cfg: Config, device: torch.device) -> torch.dtype | None:
-    """The dtype training autocasts to, None for float32 (``amp=false``, or AMP resolved to float32)."""
-    dtype = resolve_amp_dtype(cfg, device)
-    return dtype if cfg.amp and dtype != torch.float32 else None
 
 
 def optimizer_state_factor(cfg: OptimConfig) -> int:
@@ -231,16 +226,25 @@ def input_bytes(cfg: DataConfig, batch_size: int) -> int:
     return batch_size * (5 * cfg.in_channels * cfg.size**3 + 8)
 
 
+def static_input_bytes(cfg: Config, batch_size: int) -> int:
+    """A graphed step's static copies of its ``accumulate`` micro-batches (``GraphedStep``): float32 images and int64
+    labels, held for the run."""
+    return cfg.accumulate * batch_size * (4 * cfg.data.in_channels * cfg.data.size**3 + 8)
+
+
 @dataclass(frozen=True)
 class MemoryPrediction:
     """Predicted ``mem/peak_mb`` of a run and its components, in MiB; ``total_mb`` sums what ``device`` counts.
 
-    ``params_mb``, ``data_mb`` and ``ema_mb`` count on CUDA only (on CPU they are in ``MemoryMonitor``'s baseline);
-    ``data_mb`` is 0 unless ``data.loader=tensor``; ``best_weights_mb`` is the copy of the best weights
-    ``fit`` holds from the second epoch on (0 for one epoch), ``ema_mb`` the averaged copy ``ema_decay`` keeps.
+    ``step``: the step predicted, ``eager`` or ``graphed`` (the run's :class:`~src.execution.Execution`). ``params_mb``,
+    ``data_mb`` and ``ema_mb`` count on CUDA only (on CPU they are in ``MemoryMonitor``'s baseline); ``data_mb`` is 0
+    unless ``data.loader=tensor``; ``best_weights_mb`` is the copy of the best weights ``fit`` holds from the second
+    epoch on (0 for one epoch), ``ema_mb`` the averaged copy ``ema_decay`` keeps; ``static_inputs_mb`` a graphed step's
+    static batches. The graph's private pool is not modelled yet (docs/memory.md).
     """
 
     device: str
+    step: str
     batch_size: int
     params_mb: float
     data_mb: float
@@ -251,6 +255,7 @@ class MemoryPrediction:
     input_mb: float
     best_weights_mb: float
     ema_mb: float
+    static_inputs_mb: float
     transients_mb: float
     workspace_mb: float
     total_mb: float
@@ -265,7 +270,8 @@ class MemoryPrediction:
 
     def table(self) -> str:
         """A printable breakdown; components in the baseline (not counted) are marked."""
-        rows = [f"predicted peak memory on {self.device}, batch {self.batch_size}", f"  {'component':<14} {'MiB':>10}"]
+        title = f"predicted peak memory on {self.device}, batch {self.batch_size}, {self.step} step"
+        rows = [title, f"  {'component':<14} {'MiB':>10}"]
         for name, counted in self.counted().items():
             note = "" if counted else "  (in the CPU baseline: not counted)"
             rows.append(f"  {name[:-3]:<14} {getattr(self, name):>10.1f}{note}")
@@ -277,14 +283,15 @@ def cpu_workspace(fp: Footprint, threads: int) -> float:
     """Bytes a CPU run holds beyond its live tensors (docs/memory.md): a fixed part, one weight-gradient
     scratchpad of the largest weight per thread, oneDNN's copies of the largest activation, and the freed heap glibc
     keeps where heap-served activations alternate with weight-sized blocks (bounded by the weights' size).
-    ``threads``: ``num_threads``, else every core of the process (DDP ranks that share a node then count too many)."""
+    ``threads``: each rank's (:class:`~src.execution.Execution`)."""
     copies = CPU_LARGEST_COPIES * min(fp.largest_activation, CPU_COPIED_MB * MIB)
     kept = CPU_HEAP_KEPT * min(fp.heap_activations, CPU_HEAP_KEPT_WEIGHTS * fp.largest_param)
     return CPU_FIXED_MB * MIB + threads * fp.largest_param + copies + kept
 
 
-def predict(cfg: Config, device: torch.device, batch_size: int | None = None) -> MemoryPrediction:
-    """Predict ``mem/peak_mb`` of training ``cfg`` on ``device`` at ``batch_size`` (default ``cfg.batch_size``).
+def predict(cfg: Config, execution: Execution, batch_size: int | None = None) -> MemoryPrediction:
+    """Predict ``mem/peak_mb`` of training ``cfg`` as ``execution`` runs its step, at ``batch_size`` (default
+    ``cfg.batch_size``).
 
     Raises:
         UsageError: no batch size to predict for (``batch_size=auto`` and none given).
@@ -292,7 +299,8 @@ def predict(cfg: Config, device: torch.device, batch_size: int | None = None) ->
     batch = batch_size or cfg.batch_size
     if not isinstance(batch, int):
         raise UsageError(f"batch_size={batch} has no size to predict for: give batch_size=<n>")
-    fp = footprint(cfg, device, batch)
+    device = execution.device
+    fp = footprint(cfg, execution, batch)
     batch_in = input_bytes(cfg.data, batch)
     peak = max(fp.peak, fp.params + step_temporaries(cfg.optim, device, fp))
     parts = {
@@ -305,9 +313,11 @@ def predict(cfg: Config, device: torch.device, batch_size: int | None = None) ->
         "input_mb": batch_in,
         "best_weights_mb": fp.params + fp.buffers if cfg.epochs > 1 else 0,
         "ema_mb": fp.params + fp.buffers if cfg.ema_decay is not None else 0,
+        "static_inputs_mb": static_input_bytes(cfg, batch) if execution.graphed else 0,
         "transients_mb": max(0, peak - fp.params - fp.amp_copies - fp.activations - batch_in),
-        "workspace_mb": cpu_workspace(fp, thread_count(cfg)) if device.type == "cpu" else 0,
+        "workspace_mb": cpu_workspace(fp, execution.threads) if device.type == "cpu" else 0,
     }
     parts = {name: value / MIB for name, value in parts.items()}
     total = sum(value for name, value in parts.items() if device.type == "cuda" or name not in CPU_BASELINE)
-    return MemoryPrediction(device.type, batch, **parts, total_mb=total)
+    step = "graphed" if execution.graphed else "eager"
+    return MemoryPrediction(device.type, step, batch, **parts, total_mb=total)

@@ -2,8 +2,9 @@
 peak-FLOP/s cache (:mod:`src.perf.probe_cache`): a replay costs 1-5 s of one core (densenet121 at 28^3, 2026-11-24),
 a read nothing, so a dry run listing a sweep again and a job's start-up read their peaks. Keyed by the config's hash
 (:func:`src.tracking.identity.config_hash`: where a run logs, how it starts and its seed aside), the device and the
-probe key's machine, software and code (the predictor and the models are in the code's fingerprint), and on the CPU
-the threads (a GPU job of a joblib sweep reads what a lone run on that GPU predicted). Entries are used
+probe key's machine, software and code (the predictor and the models are in the code's fingerprint), the step
+predicted (eager or graphed), and on the CPU the threads (a GPU job of a joblib sweep reads what a lone run on that
+GPU predicted). Entries are used
 for :data:`MAX_AGE`, then predicted again."""
 
 from __future__ import annotations
@@ -12,11 +13,10 @@ import dataclasses
 import datetime
 from collections.abc import Callable
 
-import torch
 from omegaconf import OmegaConf
 
 from src.config import Config
-from src.parallel.ranks import thread_count
+from src.execution import Execution
 from src.perf.memory import MemoryPrediction, predict
 from src.perf.probe_cache import ProbeCache, age, key, machine
 from src.tracking.identity import config_hash, flatten
@@ -26,18 +26,20 @@ FIELDS = tuple(field.name for field in dataclasses.fields(MemoryPrediction))
 CACHE = ProbeCache("memory_predictions.json", fresh=lambda entry: age(entry) <= MAX_AGE, fields=FIELDS)
 
 
-def predicted(cfg: Config, device: torch.device) -> MemoryPrediction:
-    """``predict(cfg, device)``, from the cache when it holds it; the replay holds the machine shared (no step timing
-    of another process meanwhile)."""
+def predicted(cfg: Config, execution: Execution) -> MemoryPrediction:
+    """``predict(cfg, execution)``, from the cache when it holds it; the replay holds the machine shared (no step
+    timing of another process meanwhile)."""
+    device = execution.device
     probed = config_hash(flatten(OmegaConf.structured(dataclasses.replace(cfg, seed=0))))  # sizes, not values
-    threads = thread_count(cfg) if device.type == "cpu" else 0  # a GPU's memory: not the host's threads
-    name = key(device, threads, f"{probed} {device.type}")  # any GPU of the same name
+    threads = execution.threads if device.type == "cpu" else 0  # a GPU's memory: not the host's threads
+    step = " graphed" if execution.graphed else ""
+    name = key(device, threads, f"{probed} {device.type}{step}")  # any GPU of the same name
     with machine(exclusive=False):
-        entry = CACHE.get(name) or CACHE.put(name, dataclasses.asdict(predict(cfg, device)))
+        entry = CACHE.get(name) or CACHE.put(name, dataclasses.asdict(predict(cfg, execution)))
     return MemoryPrediction(**{field: entry[field] for field in FIELDS})
 
 
-def predicted_memory_metrics(cfg: Config, device: torch.device) -> Callable[[dict[str, float]], dict[str, float]]:
+def predicted_memory_metrics(cfg: Config, execution: Execution) -> Callable[[dict[str, float]], dict[str, float]]:
     """A Trainer's epoch-metrics hook: ``mem/predicted_mb`` and ``mem/predict_ratio`` (measured peak over it)."""
-    total = predicted(cfg, device).total_mb
+    total = predicted(cfg, execution).total_mb
     return lambda metrics: {"mem/predicted_mb": total, "mem/predict_ratio": metrics["mem/peak_mb"] / total}

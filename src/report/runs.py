@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from src.config import ReportConfig
-from src.errors import UsageError, first
+from src.errors import UsageError, first_few
 from src.report.analysis import (
     AUC,
     CONFIG_HASH,
@@ -138,7 +138,7 @@ def warn_deleted(client: mlflow.MlflowClient, experiment_id: str, filter_string:
             "back)",
             len(ids),
             what,
-            first(ids),
+            first_few(ids),
         )
 
 
@@ -184,7 +184,9 @@ def select(cfg: ReportConfig, client: mlflow.MlflowClient, uri: str) -> Selectio
         experiment = client.get_experiment_by_name(cfg.mlflow.experiment)
         if experiment is None:
             names = experiment_names(client)
-            fix = f"use one of {first(names, 10)}" if names else "it has none: give the store the runs were logged to"
+            fix = (
+                f"use one of {first_few(names, 10)}" if names else "it has none: give the store the runs were logged to"
+            )
             raise UsageError(f"mlflow.experiment={cfg.mlflow.experiment} is not in {uri}: {fix}")
         if experiment.lifecycle_stage == LifecycleStage.DELETED:
             raise UsageError(

@@ -17,8 +17,8 @@ from mlflow.types import Schema, TensorSpec
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
 from src.config import NIFTI, SYNTHETIC, DataConfig
-from src.data import expected_md5, md5
-from src.volumes import read_meta
+from src.data.medmnist import expected_md5, md5
+from src.data.nifti.cache import read_meta
 
 CONTEXTS = {"train": "training", "val": "validation", "test": "test"}
 
@@ -71,7 +71,7 @@ def split_dataset(
 def dataset_inputs(
     cfg: DataConfig, path: Path, splits: dict[str, tuple[torch.Tensor, torch.Tensor]]
 ) -> list[DatasetInput]:
-    """One input per split of ``splits`` (``src.data.load_splits``), read from ``path``."""
+    """One input per split of ``splits`` (``src.data.loaders.load_splits``), read from ``path``."""
     digest = file_digest(cfg, path)
     return [
         DatasetInput(

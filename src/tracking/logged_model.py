@@ -2,8 +2,8 @@
 
 The model is the network at its tested weights (the epoch ``select_by`` chose), in float32 on the CPU, pickled
 with a copy of the ``src`` package (``code_paths``), so ``mlflow.pytorch.load_model("models:/<model id>")`` loads
-it without a medsweep checkout. It maps ``src.data.to_input`` volumes, float32 ``(N, C, D, H, W)`` in [-1, 1], to
-logits; ``softmax(1)`` of them are the run's test scores (``eval/test_predictions.csv``).
+it without a medsweep checkout. It maps ``src.data.loaders.to_input`` volumes, float32 ``(N, C, D, H, W)`` in
+[-1, 1], to logits; ``softmax(1)`` of them are the run's test scores (``eval/test_predictions.csv``).
 """
 
 from __future__ import annotations

@@ -44,10 +44,10 @@ def tracking_uri(cfg: Any) -> str:
 
 
 def ensure_store(uri: str) -> mlflow.MlflowClient:
-    """Check the store (:func:`probe`, :func:`probe_tables`) and open it, creating a fresh SQLite database now (before
-    any job starts)."""
+    """Check the store (:func:`check_usable`, :func:`probe_tables`) and open it, creating a fresh SQLite database now
+    (before any job starts)."""
     one_line_store_errors()
-    probe(uri)
+    check_usable(uri)
     with exclusive_open(uri):  # the tables checked while no other process is creating them
         probe_tables(uri)
         try:
@@ -56,7 +56,9 @@ def ensure_store(uri: str) -> mlflow.MlflowClient:
         except UnsupportedModelRegistryStoreURIException:  # MLflow's, for any store: its innermost error is a KeyError
             raise unusable(uri, "has a scheme no MLflow store serves", SCHEMES) from None
         except Exception as err:  # any store failure is the user's URI to fix
-            raise unusable(uri, f"cannot be used ({reason(err)})", "fix or change mlflow.tracking_uri") from None
+            raise unusable(
+                uri, f"cannot be used ({innermost_reason(err)})", "fix or change mlflow.tracking_uri"
+            ) from None
     return client
 
 
@@ -66,10 +68,10 @@ def check_store(uri: str) -> None:
     if store_exists(uri):
         ensure_store(uri)
     else:
-        probe(uri)
+        check_usable(uri)
 
 
-def probe(uri: str) -> None:
+def check_usable(uri: str) -> None:
     """Refuse in seconds, creating nothing, a store that cannot be used: a server that does not answer at once (MLflow
     retries for minutes), an SQLite database or folder this process cannot write."""
     if uri.startswith("sqlite:") and sqlite_path(uri) is None:
@@ -107,7 +109,7 @@ def probe_server(uri: str) -> None:
         except MlflowException as err:
             raise unusable(
                 uri,
-                f"is unreachable ({reason(err)} on {url})",
+                f"is unreachable ({innermost_reason(err)} on {url})",
                 "start the server (mlflow server) or set mlflow.tracking_uri to a reachable store",
             ) from None
         if reply.status_code != 200:
@@ -131,7 +133,7 @@ def probe_database(uri: str, backend: str) -> None:
     except Exception as err:  # the driver's error, a malformed URI, a driver not installed
         raise unusable(
             uri,
-            f"cannot be connected to ({reason(err)})",
+            f"cannot be connected to ({innermost_reason(err)})",
             "start the database server, or fix the URI's host, port, user, password, database or driver",
         ) from None
 
@@ -238,11 +240,14 @@ def unusable(uri: str, problem: str, fix: str) -> UsageError:
 
 
 class OneLine(logging.Filter):
-    """A record's error (and its traceback) as the one line :func:`reason` gives."""
+    """A record's error (and its traceback) as the one line :func:`innermost_reason` gives."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info and record.exc_info[1] is not None:
-            record.msg, record.args = f"{record.getMessage().splitlines()[0]} {reason(record.exc_info[1])}", ()
+            record.msg, record.args = (
+                f"{record.getMessage().splitlines()[0]} {innermost_reason(record.exc_info[1])}",
+                (),
+            )
             record.exc_info = record.exc_text = None
         return True
 
@@ -254,7 +259,7 @@ def one_line_store_errors() -> None:
     logging.getLogger("mlflow.store.db.utils").addFilter(OneLine())
 
 
-def reason(err: BaseException) -> str:
+def innermost_reason(err: BaseException) -> str:
     """The first line of the innermost error behind ``err`` (``Connection refused``, ``file is not a database``), as
     a traceback would show it first."""
     while (inner := err.__cause__ or (None if err.__suppress_context__ else err.__context__)) is not None:

@@ -8,7 +8,8 @@ import dataclasses
 import torch
 
 from src.config import Config
-from src.data import load_splits, make_loader
+from src.data.loaders import load_splits, make_loader
+from src.execution import Execution
 from src.models import build_model
 from src.parallel.dist import Rank
 from src.parallel.ranks import data_parallel_width, wrap
@@ -18,16 +19,18 @@ from src.training.trainer import Hooks, Trainer
 
 def build_trainer(
     cfg: Config,
-    device: torch.device,
+    execution: Execution,
     rank: Rank = Rank(),
     gpus: tuple[int, ...] = (),
     hooks: Hooks | None = None,
     splits: dict | None = None,
 ) -> Trainer:
-    """The :class:`Trainer` of one rank (seed first: :func:`src.parallel.ranks.seed_everything`); ``splits``
+    """The :class:`Trainer` of one rank on ``execution``'s device (seed first:
+    :func:`src.parallel.ranks.seed_everything`); ``splits``
     (split name -> images, labels) replace the config's dataset (the batch probe's synthetic batches)."""
     splits = load_splits(cfg.data) if splits is None else splits
-    model = build_model(cfg.model, cfg.data).to(device, memory_format=memory_format(cfg))
+    device = execution.device
+    model = build_model(cfg.model, cfg.data).to(device, memory_format=execution.memory_format)
     model = wrap(torch.compile(model) if cfg.compile else model, cfg, device, rank, gpus)
     width = data_parallel_width(cfg, gpus)
     loaders = {
@@ -38,8 +41,4 @@ def build_trainer(
     }
     hooks = hooks or Hooks()
     hooks = dataclasses.replace(hooks, after_step=(*hooks.after_step, *fault_hooks(cfg, rank)))
-    return Trainer(cfg, model, loaders, device, rank, hooks)
-
-
-def memory_format(cfg: Config) -> torch.memory_format:
-    return torch.channels_last_3d if cfg.channels_last else torch.contiguous_format
+    return Trainer(cfg, model, loaders, execution, rank, hooks)

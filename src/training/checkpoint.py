@@ -24,6 +24,7 @@ from src.folders import BEST_FILE as BEST_FILE
 from src.folders import CHECKPOINT_FILE
 
 FILE = CHECKPOINT_FILE
+FORMAT = 2  # what a checkpoint holds: bump it, and give upgrade() a step from the one before, when that changes
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -78,21 +79,46 @@ def save_weights(state_dict: dict[str, torch.Tensor], path: Path) -> None:
 
 
 def load(path: Path, mmap: bool = False) -> dict[str, Any]:
-    """The checkpoint at ``path`` on the CPU, tensors and plain Python values only (``weights_only=True``).
+    r"""The checkpoint at ``path`` on the CPU, tensors and plain Python values only (``weights_only=True``).
 
     ``mmap=True`` maps the file instead of loading it into memory: cheap when only the metadata is needed (the CRC
     check still reads the file once, ~0.5 s for 287 MB). A file that does not load raises :class:`Unreadable`, as does
     one whose bytes changed since it was written: ``torch.load`` does not check the zip's CRC-32s, so a flipped bit in
-    a tensor would otherwise resume as a silently different run.
+    a tensor would otherwise resume as a silently different run. A checkpoint of an earlier format is
+    :func:`upgrade`\ d.
     """
     try:
         with zipfile.ZipFile(path) as archive:
             if (bad := archive.testzip()) is not None:
                 raise Unreadable(f"{path} is unreadable (truncated or corrupt: {bad} fails its CRC check)")
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        return upgrade(torch.load(path, map_location="cpu", weights_only=True, mmap=mmap))
     except (RuntimeError, EOFError, ValueError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
         why = getattr(err, "strerror", None) or str(err).strip().splitlines()[0].split(". ")[0].rstrip(".")
         raise Unreadable(f"{path} is unreadable (truncated or corrupt: {why})") from None
+
+
+def upgrade(state: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint of an earlier format as :data:`FORMAT` holds it. Format 1 (no ``format`` key; written up to
+    2026-11-28) gained its keys over time; each one missing there takes the value a run that lacked it trained as:
+    ``selection`` (before 2026-11-24, ``select_by=val_auc`` kept ``best_auc``), ``best_epoch`` (before early
+    stopping: the epoch reached), ``pending`` (before 2026-11-27: the epoch before ``epoch``, its ``last_metrics``),
+    ``memory_peak`` and ``timed`` (before 2026-11-24: none), ``spent_s`` and the meta key ``threads`` (before
+    2026-11-27: none)."""
+    if state.get("format", 1) >= FORMAT:
+        return state
+    epoch = state.get("epoch", 0)
+    last = [(epoch - 1, state["last_metrics"])] if state.get("last_metrics") else []
+    return {
+        "selection": {"smoothed": None, "best": state.get("best_auc")},
+        "best_epoch": epoch,
+        "pending": last,
+        "memory_peak": {},
+        "timed": [],
+        "spent_s": {"time/validate_s": 0.0, "time/checkpoint_s": 0.0},
+        "threads": None,
+        **{key: value for key, value in state.items() if key not in ("best_auc", "last_metrics")},
+        "format": FORMAT,
+    }
 
 
 def rng_state() -> dict[str, Any]:

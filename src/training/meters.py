@@ -19,7 +19,7 @@ import torch
 
 from src.atomic import atomic_path, read_json_object
 from src.folders import CACHE_ENV
-from src.parallel.machine_share import GPU_JOBS_ENV, recorded
+from src.parallel.machine_share import GPU_JOBS_ENV, recorded_by_sweep
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -146,7 +146,7 @@ def other_gpu_processes(device: torch.device, job: psutil.Process) -> int:
     with contextlib.suppress(psutil.Error):
         own |= {p.pid for p in job.children(recursive=True)}
     if not pids & own:
-        return int(recorded(GPU_JOBS_ENV) or 1) - 1
+        return int(recorded_by_sweep(GPU_JOBS_ENV) or 1) - 1
     return len(pids - own)
 
 

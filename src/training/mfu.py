@@ -11,9 +11,9 @@ import cachetools
 import torch
 
 from src.config import Config
+from src.execution import Execution
 from src.models import build_model
 from src.models.profile import train_flops
-from src.resolve import resolve_amp_dtype
 from src.training.meters import Peak, peak_flops, raise_peak
 
 log = logging.getLogger(__name__)
@@ -43,10 +43,11 @@ class Mfu:
     on_new_peak: Callable[[Peak], None] = lambda peak: None
 
     @classmethod
-    def from_config(cls, cfg: Config, device: torch.device, devices: int, flops: float | None = None) -> Mfu:
-        """``flops``: :func:`flops_per_sample` of ``cfg``, counted here when not given."""
-        dtype = resolve_amp_dtype(cfg, device) if cfg.amp else torch.float32
+    def of(cls, cfg: Config, execution: Execution, devices: int, flops: float | None = None) -> Mfu:
+        """MFU of ``cfg`` trained on ``devices`` x ``execution``'s device in its compute dtype; ``flops``:
+        :func:`flops_per_sample` of ``cfg``, counted here when not given."""
         flops = flops_per_sample(cfg) if flops is None else flops
+        device, dtype = execution.device, execution.dtype
         return cls(flops, peak_flops(device, dtype), devices, device, dtype)
 
     def __call__(self, metrics: dict[str, float]) -> dict[str, float]:

@@ -19,12 +19,13 @@ class Precision:
     scaler: torch.amp.GradScaler
 
     @classmethod
-    def build(cls, enabled: bool, dtype: torch.dtype, device: torch.device, cache_enabled: bool = True) -> Precision:
-        """``cache_enabled=False`` for a step captured in a CUDA graph (PyTorch's rule: no autocast weight cache)."""
-        enabled = enabled and dtype != torch.float32
+    def build(cls, dtype: torch.dtype, device: torch.device, graphed: bool = False) -> Precision:
+        """Autocast to ``dtype`` unless float32, with a gradient scaler for float16; a ``graphed`` step (captured in a
+        CUDA graph) autocasts without the weight cache (PyTorch's rule)."""
+        enabled = dtype != torch.float32
         return cls(
-            lambda: torch.autocast(device.type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled),
-            torch.amp.GradScaler(device.type, enabled=enabled and dtype == torch.float16),
+            lambda: torch.autocast(device.type, dtype=dtype, enabled=enabled, cache_enabled=not graphed),
+            torch.amp.GradScaler(device.type, enabled=dtype == torch.float16),
         )
 
 

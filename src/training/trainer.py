@@ -8,7 +8,6 @@ import dataclasses
 import itertools
 import logging
 import math
-import os
 import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -23,12 +22,13 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from src.config import Config
-from src.data import to_input, train_labels
+from src.data.loaders import to_input, train_labels
+from src.execution import Execution
 from src.parallel.dist import Rank, all_reduce, gather
 from src.parallel.preemption import Preempted, Preemption
-from src.resolve import resolve_amp_dtype, resolve_cuda_graphs
 from src.training import checkpoint
 from src.training.augment import Augment, step_generator
+from src.training.checkpoint_log import CheckpointLog
 from src.training.ema import WeightEMA
 from src.training.meters import RUN_WARMUP, MemoryMonitor, OtherLoad, ThroughputMeter, is_contended
 from src.training.metrics import clinical_metrics, medmnist_metrics
@@ -73,10 +73,9 @@ class Trainer:
     ``model`` is what trains (maybe compiled, maybe wrapped in DDP or DataParallel); ``raw_model`` the module
     underneath, which every rank checkpoints; ``evaluated`` the one the main rank validates, keeps as the best and
     tests: ``raw_model``, or with ``ema_decay`` its exponential moving average (weights and BatchNorm buffers,
-    updated after every optimizer step). With ``hooks.checkpoint_to`` an epoch is saved with
-    ``hooks.checkpoint_meta`` once ``checkpoint.every_s`` has passed since the last save, the last one always, and
-    epochs' metrics are logged only after a checkpoint that holds them; a requested ``hooks.preemption`` saves the
-    exact step and raises :class:`Preempted`. :meth:`load_state_dict` continues from a checkpoint, bitwise as if
+    updated after every optimizer step). With ``hooks.checkpoint_to`` epochs are saved with ``hooks.checkpoint_meta``
+    and their metrics logged as :class:`CheckpointLog` schedules; a requested ``hooks.preemption`` saves the exact
+    step and raises :class:`Preempted`. :meth:`load_state_dict` continues from a checkpoint, bitwise as if
     never stopped on CPU.
     """
 
@@ -85,11 +84,12 @@ class Trainer:
         cfg: Config,
         model: torch.nn.Module,
         loaders: dict,
-        device: torch.device,
+        execution: Execution,
         rank: Rank = Rank(),
         hooks: Hooks | None = None,
     ) -> None:
-        self.cfg, self.model, self.loaders, self.device, self.rank = cfg, model, loaders, device, rank
+        self.cfg, self.model, self.loaders, self.execution, self.rank = cfg, model, loaders, execution, rank
+        self.device = device = execution.device
         self.raw_model = checkpoint.unwrap(model)
         self.ema = None if cfg.ema_decay is None else WeightEMA(self.raw_model, cfg.ema_decay)
         self.evaluated = self.raw_model if self.ema is None else self.ema.module
@@ -99,15 +99,12 @@ class Trainer:
         self.selection = Selection(cfg.select_by)
         self.best_state, self.best_epoch = None, 0  # the weights to test and the epochs trained then
         self.test_predictions: tuple[np.ndarray, np.ndarray] | None = None  # labels and scores of the test split
-        self.pending: list[tuple[int, dict[str, float]]] = []  # (epoch, metrics) of epochs not logged yet
+        self.saving = CheckpointLog(self.hooks.checkpoint_to, self.hooks.checkpoint_meta, cfg.checkpoint.every_s)
         self.maybe_unlogged: list[tuple[int, dict[str, float]]] = []  # a loaded checkpoint's: its caller checks
-        self._log_metrics: Callable[[dict[str, float], int], None] | None = None  # fit's, for a stop mid-epoch
-        self._saved_at = time.perf_counter()
         self.memory_peak: dict[str, float] = {}  # the run's peak memory before this epoch, over ranks and processes
         self.elapsed_s, self._start = 0.0, time.perf_counter()
         self.spent_s = {"time/validate_s": 0.0, "time/checkpoint_s": 0.0}  # the run's seconds validating, checkpointing
-        self.memory_format = torch.channels_last_3d if cfg.channels_last else torch.contiguous_format
-        self.precision = self._precision(cache_enabled=True)
+        self.precision = Precision.build(execution.dtype, device, execution.graphed)
         self.optimizer = build_optimizer(cfg.optim, model.parameters())
         self.steps_per_epoch = steps_per_epoch(cfg, len(loaders["train"]))
         self.scheduler, self.sched_per_step = build_scheduler(
@@ -116,28 +113,22 @@ class Trainer:
         weight = class_weights(train_labels(loaders["train"]), cfg.data.num_classes) if cfg.class_weights else None
         self.loss_weight = None if weight is None else weight.to(device)
         self.augment = Augment(cfg.aug)
-        ranks_on_node = int(os.environ.get("LOCAL_WORLD_SIZE", rank.world))
-        self.meter = ThroughputMeter(device, load=OtherLoad.for_device(device, ranks_on_node))
+        self.meter = ThroughputMeter(device, load=OtherLoad.for_device(device, execution.ranks_on_node))
         self.timed: list[dict[str, float]] = []  # each epoch's samples/s, steps timed and other processes' load
         self.memory = MemoryMonitor(device)
         self.loss_sum = torch.zeros((), dtype=torch.float32, device=device)  # this epoch's so far, on this rank
         self.correct = torch.zeros((), dtype=torch.long, device=device)
-        graphed, self.eager_because = resolve_cuda_graphs(cfg, device)
         self.step_graph: GraphedStep | None = None
-        if graphed:
+        if execution.graphed:
             self.graph_steps()
 
     def graph_steps(self, **capture: Any) -> None:
         """Replay each optimizer step as one CUDA graph (:class:`GraphedStep`; ``capture`` replaces its warm-up and
         capture, as the CPU tests do)."""
         make_capturable(self.optimizer, self.device)
-        self.precision = self._precision(cache_enabled=False)
         self.step_graph = GraphedStep(self._step_body, **capture)
         # the first epoch a process meters leaves out the graph's eager steps and the step that captures it
         self.meter = ThroughputMeter(self.device, first_warmup=max(RUN_WARMUP, WARMUP_STEPS + 1), load=self.meter.load)
-
-    def _precision(self, cache_enabled: bool) -> Precision:
-        return Precision.build(self.cfg.amp, resolve_amp_dtype(self.cfg, self.device), self.device, cache_enabled)
 
     def _batch(
         self, batch: tuple[torch.Tensor, torch.Tensor], generator: torch.Generator | None = None
@@ -147,7 +138,7 @@ class Trainer:
         images = to_input(images)
         if generator is not None:
             images = self.augment(images, generator)
-        return images.contiguous(memory_format=self.memory_format), labels
+        return images.contiguous(memory_format=self.execution.memory_format), labels
 
     def train_batch(
         self, batch: tuple[torch.Tensor, torch.Tensor], epoch: int, micro_step: int
@@ -177,6 +168,13 @@ class Trainer:
         """After the micro-steps: unscale and clip, step, zero the gradients, update the EMA and a per-step schedule."""
         self._update()
         self._count_step()
+
+    def train_step(self, batches: Iterable[Batch]) -> torch.Tensor:
+        """One optimizer step on its micro-batches as the run executes it: eagerly, or replayed as its CUDA graph.
+        Returns the last micro-batch's loss."""
+        loss = self._step_body(batches) if self.step_graph is None else self.step_graph(list(batches))
+        self._count_step()
+        return loss
 
     def _step_body(self, batches: Iterable[Batch]) -> torch.Tensor:
         """One optimizer step's device work on its micro-batches (fetched as iterated): forward and backward each, add
@@ -229,8 +227,7 @@ class Trainer:
             micro_batches = (
                 self._fetch(next(batches), epoch, step * cfg.accumulate + micro) for micro in range(cfg.accumulate)
             )
-            loss = self._step_body(micro_batches) if self.step_graph is None else self.step_graph(list(micro_batches))
-            self._count_step()
+            loss = self.train_step(micro_batches)
             self.meter.step_done(samples_per_step)
             for hook in self.hooks.after_step:
                 hook(epoch * self.steps_per_epoch + step + 1)
@@ -354,12 +351,11 @@ class Trainer:
         """Train from :attr:`epoch` to ``epochs``, validating each; test the weights of the epoch ``select_by`` chose
         (:attr:`evaluated` holds them when ``log_tested``, default ``log_metrics``, logs the test metrics).
 
-        Epochs' metrics are logged after the checkpoint that holds them (:attr:`pending`): a crash in between loses
-        none, and one before it retrains those epochs, logged once. Only the main rank validates, tests, logs and
-        returns metrics; the others return ``{}``.
+        Epochs' metrics are logged after the checkpoint that holds them (:class:`CheckpointLog`). Only the main rank
+        validates, tests, logs and returns metrics; the others return ``{}``.
         """
         self._start = time.perf_counter() - self.elapsed_s
-        self._saved_at, self._log_metrics = time.perf_counter(), log_metrics
+        self.saving.start(log_metrics)
         self.memory.start()
         for epoch in range(self.epoch, self.cfg.epochs):
             if self._patience_exhausted():
@@ -372,13 +368,13 @@ class Trainer:
                 metrics.update(self.evaluate("val"))
             if self.selection.improves(metrics, self.epoch, first=self.best_state is None):
                 self.best_state, self.best_epoch = copy.deepcopy(self.evaluated.state_dict()), self.epoch
-            self.pending.append((epoch, metrics))
+            self.saving.pending.append((epoch, metrics))
             log.info("epoch %d/%d %s", epoch + 1, self.cfg.epochs, " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
-            if self._checkpoint_due():
+            if self.saving.due():
                 self._checkpoint_and_log()
         if not self.rank.is_main:
             return {}
-        if self.pending:  # the last epoch trained (or the one early stopping ended on)
+        if self.saving.pending:  # the last epoch trained (or the one early stopping ended on)
             self._checkpoint_and_log()
         self.evaluated.load_state_dict(self.best_state)
         test = self.evaluate("test")
@@ -398,7 +394,7 @@ class Trainer:
     def speed(self) -> dict[str, float]:
         """The run's throughput: median, least and most ``perf/samples_per_s`` of its epochs, and its steps timed."""
         rates = [epoch["perf/samples_per_s"] for epoch in self.timed]
-        if not rates:  # a checkpoint from before 2026-11-24, of a run trained to its end
+        if not rates:  # resumed at its end from a checkpoint that timed nothing (format 1, before 2026-11-24)
             return {}
         return {
             "perf/samples_per_s_median": statistics.median(rates),
@@ -444,25 +440,17 @@ class Trainer:
         finally:
             self.spent_s[name] += time.perf_counter() - start
 
-    def _checkpoint_due(self) -> bool:
-        """Whether ``checkpoint.every_s`` has passed since the last checkpoint (always when none is written)."""
-        elapsed = time.perf_counter() - self._saved_at
-        return self.hooks.checkpoint_to is None or elapsed >= self.cfg.checkpoint.every_s
-
     def _checkpoint_and_log(self) -> None:
         """Save the checkpoint, then log the epochs it holds that are not logged yet (the main rank)."""
         with self._spent("time/checkpoint_s"):
-            if self.hooks.checkpoint_to is not None:
-                checkpoint.save({**self.hooks.checkpoint_meta, **self.state_dict()}, self.hooks.checkpoint_to)
-        self._saved_at = time.perf_counter()
-        if self.rank.is_main and self._log_metrics is not None:
-            for epoch, metrics in self.pending:
-                self._log_metrics(metrics, epoch)
-            self.pending = []
+            self.saving.save(self.state_dict())
+        if self.rank.is_main:
+            self.saving.flush()
 
     def state_dict(self) -> dict[str, Any]:
         """Everything that carries over to the next step, as tensors and plain values (``weights_only`` safe)."""
         return {
+            "format": checkpoint.FORMAT,
             "model": self.raw_model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.precision.scaler.state_dict(),
@@ -475,7 +463,7 @@ class Trainer:
             "selection": self.selection.state_dict(),
             "best_state": self.best_state,
             "best_epoch": self.best_epoch,
-            "pending": self.pending,
+            "pending": self.saving.pending,
             "memory_peak": {k: max(v, self.memory_peak.get(k, 0.0)) for k, v in self.memory.peak().items()},
             "timed": self.timed,
             "elapsed_s": time.perf_counter() - self._start,
@@ -483,7 +471,8 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from :meth:`state_dict` (every rank loads the main rank's checkpoint)."""
+        """Continue from :meth:`state_dict` (every rank loads the main rank's checkpoint, upgraded to
+        :data:`~src.training.checkpoint.FORMAT` by :func:`~src.training.checkpoint.load`)."""
         self.raw_model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.step_graph is not None:  # new state tensors, learning rates as floats: capture them anew
@@ -496,13 +485,8 @@ class Trainer:
             self.ema.load_state_dict(state["ema"])
         checkpoint.set_rng_state(state["rng"])
         self.epoch, self.step, self.running = state["epoch"], state["step"], state["running"]
-        legacy = {"smoothed": None, "best": state.get("best_auc")}  # checkpoints before 2026-11-24: select_by=val_auc
-        self.selection.load_state_dict(state.get("selection", legacy))
-        self.best_state = state["best_state"]
-        self.best_epoch = state.get("best_epoch", self.epoch)  # checkpoints before early stopping lack it
-        last = [(self.epoch - 1, state["last_metrics"])] if state.get("last_metrics") else []  # before 2026-11-27
-        self.maybe_unlogged = [(epoch, metrics) for epoch, metrics in state.get("pending", last)]
-        self.memory_peak = state.get("memory_peak", {})  # checkpoints before 2026-11-24 lack it
-        self.timed = state.get("timed", [])
-        self.elapsed_s = state["elapsed_s"]
-        self.spent_s = state.get("spent_s", self.spent_s)  # checkpoints before 2026-11-27 lack it
+        self.selection.load_state_dict(state["selection"])
+        self.best_state, self.best_epoch = state["best_state"], state["best_epoch"]
+        self.maybe_unlogged = [(epoch, metrics) for epoch, metrics in state["pending"]]
+        self.memory_peak, self.timed, self.elapsed_s = state["memory_peak"], state["timed"], state["elapsed_s"]
+        self.spent_s = state["spent_s"]

@@ -1,8 +1,2 @@
-"""``data=nifti``: a folder of volumes and a labels CSV, preprocessed once into a cached `.npz` in MedMNIST's layout
-(docs/nifti.md): the CSV (``table``), the volumes (``preprocess``), the cache (``cache``);
-``python -m src.volumes data=nifti data.root=<folder>`` builds the cache and describes it."""
-
-from src.volumes.cache import cache_path, check, ensure, read_meta
-from src.volumes.table import read_table
-
-__all__ = ["cache_path", "check", "ensure", "read_meta", "read_table"]
+"""``python -m src.volumes data=nifti data.root=<folder>``: the command that builds a NIfTI folder's cache and describes
+it; the pipeline itself is :mod:`src.data.nifti`."""

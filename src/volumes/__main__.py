@@ -11,8 +11,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from src.cli import command
 from src.config import NIFTI, SPLITS
+from src.data.nifti.cache import ensure, read_meta
 from src.errors import UsageError
-from src.volumes.cache import ensure, read_meta
 
 SHOWN_SPACINGS = 5  # the most common spacings listed; the rest counted
 

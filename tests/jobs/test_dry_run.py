@@ -1,6 +1,5 @@
-"""``dry_run=true``: one line per job and a total, printed by real processes against a real SQLite store in a temp
-dir; nothing trains and the store is left byte for byte as it was (or not created). Each job shape is timed once and
-kept in the step-time cache, which later dry runs read; the rules of a timing and of the cache's expiry."""
+"""src/jobs/dry_run.py: ``dry_run=true`` prints one line per job and a total from real processes against a real SQLite
+store, which it leaves byte for byte as it was; each job shape timed once."""
 
 from __future__ import annotations
 
@@ -10,25 +9,23 @@ import hashlib
 import json
 import re
 import statistics
-import time
 from pathlib import Path
 
 import mlflow
 import pytest
-import torch
 
+from src.execution import validate
 from src.jobs.dry_run import Rate, job_seconds
-from src.jobs.dry_run_total import JobEstimate, makespan, rounded, total
+from src.jobs.dry_run_total import rounded
 from src.jobs.resume import Resume
-from src.perf import memory_cache, step_timing
+from src.perf import step_timing
 from src.perf.autobatch import CPU_HEADROOM
 from src.perf.memory import predict
 from src.perf.probe_cache import now
-from src.resolve import validate
 from src.tracking.identity import config_hash, flatten, run_name
 from src.training.meters import MIN_TIMED_STEPS
-from tests.helpers import compose_config, run_cli, runs, small_run
-from tests.jobs.test_train import BAD_INPUTS
+from tests.data.nifti.folders import six
+from tests.helpers import BAD_INPUTS, compose_config, job_overrides, run_cli, runs, small_run
 
 TIMED = r"~[0-9.e-]+ min ±[0-9]+% \(timed [0-9]+ steps(, machine busy)?\)"  # a timed estimate, as a line ends
 
@@ -52,11 +49,6 @@ def timings(cache: Path) -> dict[str, dict]:
     return json.loads((cache / step_timing.CACHE.name).read_text())
 
 
-def job_overrides(tmp_path: Path, store: str, shared_data: Path, *overrides: str) -> list[str]:
-    """A job's overrides in ``small_run``, Hydra's own settings left out."""
-    return [o for o in small_run(tmp_path, store, shared_data, *overrides) if not o.startswith("hydra.")]
-
-
 def job_name(overrides: list[str]) -> str:
     """The run name of a job with ``overrides`` (a long one ends with its config hash)."""
     return run_name(overrides, config_hash(flatten(compose_config(*overrides))))
@@ -65,8 +57,8 @@ def job_name(overrides: list[str]) -> str:
 def job(tmp_path: Path, store: str, shared_data: Path, seed: int) -> tuple[str, float]:
     """A job's run name and predicted peak (MiB), as the dry run of ``small_run`` at ``seed`` and one epoch has them."""
     overrides = job_overrides(tmp_path, store, shared_data, "epochs=1", f"seed={seed}")
-    cfg, device = validate(compose_config(*overrides))
-    return job_name(overrides), predict(cfg, device).total_mb
+    cfg, execution = validate(compose_config(*overrides))
+    return job_name(overrides), predict(cfg, execution).total_mb
 
 
 @pytest.mark.slow
@@ -143,9 +135,9 @@ def test_a_single_dry_run_of_batch_size_auto_lists_the_predicted_batch_unprobed_
 ):
     """With a warm-up schedule too: the timed steps are one epoch, which a warm-up must not refuse."""
     auto = ("epochs=2", "warmup_epochs=1", "batch_size=auto", "effective_batch_size=8")
-    cfg, device = validate(compose_config(*job_overrides(tmp_path, new_store, shared_data, *auto)))
-    peak = predict(dataclasses.replace(cfg, batch_size=4, accumulate=2), device).total_mb  # batch 4 trains 4 x 2
-    budget = peak / (1 - CPU_HEADROOM) + 1  # room for 4 per step, not 8 (test_measure's)
+    cfg, execution = validate(compose_config(*job_overrides(tmp_path, new_store, shared_data, *auto)))
+    peak = predict(dataclasses.replace(cfg, batch_size=4, accumulate=2), execution).total_mb  # batch 4 trains 4 x 2
+    budget = peak / (1 - CPU_HEADROOM) + 1  # room for 4 per step, not 8 (tests/perf/test_autobatch.py's)
     overrides = job_overrides(tmp_path, new_store, shared_data, *auto, f"mem_budget_mb={budget}")
     result = run_cli(*small_run(tmp_path, new_store, shared_data, *auto, f"mem_budget_mb={budget}", "dry_run=true"))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -220,40 +212,6 @@ def test_one_shape_is_timed_once_and_a_second_dry_run_reuses_it_until_it_expires
     assert timings(cache)[name]["at"] > entry["at"]  # timed again, stamped now
 
 
-def test_a_timing_stops_at_its_target_interval_or_its_caps():
-    steady = [0.5] * step_timing.MIN_STEPS
-    assert step_timing.spread(steady) == 0 and step_timing.timing_done(steady)
-    assert not step_timing.timing_done(steady[:-1])  # too few for an interval, however close
-    noisy = [0.5, 0.7] * 2  # the 95% interval of their mean: ±31%
-    assert step_timing.spread(noisy) == pytest.approx(0.3062, abs=1e-4) and not step_timing.timing_done(noisy)
-    # a slow shape: two steps, once past MAX_SECONDS
-    assert not step_timing.timing_done([5.0]) and step_timing.timing_done([5.0, 7.0])
-    assert step_timing.timing_done([0.01, 0.02] * (step_timing.MAX_STEPS // 2))
-
-
-def test_a_step_time_is_cached_per_shape_and_expires_sooner_when_the_machine_was_busy(tmp_path, monkeypatch):
-    monkeypatch.setenv("MEDSWEEP_CACHE_DIR", str(tmp_path))
-    built = []
-
-    def prepare():
-        built.append(1)
-        return lambda: time.sleep(0.002) or 0.002
-
-    cpu = torch.device("cpu")
-    first = step_timing.step_time({"model.name": "a"}, cpu, 1, prepare)
-    assert step_timing.step_time({"model.name": "a"}, cpu, 1, prepare) == first and len(built) == 1
-    step_timing.step_time({"model.name": "b"}, cpu, 1, prepare)
-    step_timing.step_time({"model.name": "a"}, cpu, 2, prepare)  # another thread count: another key
-    assert len(built) == 3 and len(json.loads((tmp_path / step_timing.CACHE.name).read_text())) == 3
-
-    def taken(ago: datetime.timedelta, busy: bool) -> dict:
-        return {"at": (now() - ago).isoformat(), "busy": busy}
-
-    hour, week = datetime.timedelta(hours=1), step_timing.MAX_AGE
-    assert step_timing.fresh(taken(week - hour, busy=False)) and not step_timing.fresh(taken(week + hour, busy=False))
-    assert step_timing.fresh(taken(hour / 2, busy=True)) and not step_timing.fresh(taken(2 * hour, busy=True))
-
-
 def test_a_lines_estimate_says_its_basis_and_its_spread():
     assert Rate(10.0, "timed 14 steps", spread=0.083).estimate(12.0) == "~12 min ±8% (timed 14 steps)"
     runs = Rate(10.0, "from 3 finished runs", runs=(9.0, 10.0, 11.0))
@@ -261,23 +219,15 @@ def test_a_lines_estimate_says_its_basis_and_its_spread():
     assert Rate(10.0, "from 1 finished run", runs=(10.0,)).estimate(0.5) == "~0.5 min (from 1 finished run)"
 
 
-def test_a_memory_prediction_is_read_back_from_the_cache(tmp_path, monkeypatch, store, shared_data):
-    monkeypatch.setenv("MEDSWEEP_CACHE_DIR", str(tmp_path))
-    calls = []
-    monkeypatch.setattr(memory_cache, "predict", lambda *args: calls.append(args) or predict(*args))
-    cfg, device = validate(compose_config(*job_overrides(tmp_path, store, shared_data)))
-    assert memory_cache.predicted(cfg, device) == memory_cache.predicted(cfg, device) == predict(cfg, device)
-    assert len(calls) == 1
-    (tmp_path / memory_cache.CACHE.name).write_text("not json")  # an unreadable cache is predicted anew
-    assert memory_cache.predicted(cfg, device) == predict(cfg, device) and len(calls) == 2
-
-
-def test_the_total_of_jobs_run_at_once_gives_when_the_last_ends_and_their_peaks_together():
-    def estimate(job: int, minutes: float, peak: float, action: str = "run") -> JobEstimate:
-        return JobEstimate(job, f"seed={job}", action, 4, peak, minutes, f"~{minutes} min")
-
-    listed = [estimate(0, 3.0, 500), estimate(1, 1.0, 700), estimate(2, 1.0, 600), estimate(3, 0, 900, "skip: x")]
-    alone = "total: 3 to run, 1 to skip | ~5 min | largest peak 700 MiB"
-    assert total(listed) == alone and total(listed, at_once=1) == alone
-    assert total(listed, at_once=2) == f"{alone} | 2 at once: ~3 min, peaks up to 1300 MiB together"
-    assert makespan([1.0, 1.0, 1.0], 2) == 2.0 and makespan([], 2) == 0.0  # joblib's order: the third waits
+@pytest.mark.slow
+def test_a_dry_run_and_the_memory_command_take_a_nifti_folder_and_write_no_cache(tmp_path, store, monkeypatch):
+    data = six(tmp_path / "scans")
+    monkeypatch.delenv("MEDSWEEP_CACHE_DIR")  # the cache would go beside the data: the dry run writes none
+    common = ("data=nifti", f"data.root={data}", "data.size=16", "model=resnet10", "batch_size=2", "device=cpu")
+    dry = run_cli(*common, "dry_run=true", f"mlflow.tracking_uri={store}", f"hydra.run.dir={tmp_path}/run", timeout=600)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert dry.stdout.strip().splitlines()[-1].startswith("total: 1 to run")
+    memory = run_cli(*common, module="src.memory", timeout=600)
+    assert memory.returncode == 0, memory.stderr[-3000:]
+    assert "predicted peak memory on cpu, batch 2" in memory.stdout
+    assert not (data / ".medsweep").exists() and runs(store) == []

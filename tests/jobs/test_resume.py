@@ -1,9 +1,10 @@
-"""Checkpoints, ``resume=``, SIGTERM and submitit requeue: real signals, real processes, a real MLflow store."""
+"""src/jobs/resume.py: ``resume=``, a command run again going on with its unfinished run, a SIGTERM or SIGKILL,
+submitit's requeue: real signals, real processes, a real MLflow store."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -12,23 +13,33 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import mlflow
-import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
-from torch import nn
 
-from src.data import load_splits, make_loader
 from src.errors import UsageError
-from src.jobs.resume import explicit, log_missing
-from src.parallel.dist import Rank
-from src.parallel.preemption import EXIT_PREEMPTED, Preempted, Preemption
-from src.tracking.runs import RunLogger
-from src.tracking.store import ensure_store
+from src.folders import held
+from src.jobs.plan import plan_job
+from src.jobs.resume import earlier_twin, explicit, log_missing, resumable
+from src.parallel.preemption import EXIT_PREEMPTED
+from src.tracking.identity import code_fingerprint, config_hash, flatten
+from src.tracking.runs import RunLogger, process_tags
+from src.tracking.store import ensure_store, experiment_id
 from src.training import checkpoint
-from src.training.faults import fault_hooks
-from src.training.trainer import Hooks, Trainer
-from tests.helpers import RESULTS, ROOT, compose_config, graph_on_cpu, history, kill_group, run_cli, runs, small_run
+from tests.helpers import (
+    RESULTS,
+    ROOT,
+    compose_config,
+    ended_process,
+    history,
+    hydra_job,
+    kill_group,
+    run_cli,
+    runs,
+    small_run,
+)
+from tests.jobs.helpers import unfinished_run
+from tests.training.helpers import NOT_RESULTS, assert_same_weights, trainer
 
 EPOCHS = 4
 RUN = (  # train again; compare checkpoints; stop runs after a given epoch's checkpoint
@@ -37,7 +48,6 @@ RUN = (  # train again; compare checkpoints; stop runs after a given epoch's che
     "checkpoint.keep=always",
     "checkpoint.every_s=0",
 )
-NOT_RESULTS = ("perf/", "mem/", "time/")  # measurements of the process, not results
 FINAL = (  # logged once, at step `epochs`
     "test/",
     "model/",
@@ -68,19 +78,6 @@ def assert_one_value_per_epoch(uri: str, run_id: str) -> None:
             assert steps == ([EPOCHS] if key.startswith(FINAL) else list(range(EPOCHS))), key
 
 
-def assert_same_weights(path: Path, reference: Path) -> None:
-    ours, theirs = torch.load(path, weights_only=True), torch.load(reference, weights_only=True)
-    for part in ("model", "best_state", "ema"):
-        if ours[part] is None and theirs[part] is None:
-            continue
-        assert ours[part].keys() == theirs[part].keys()
-        assert all(torch.equal(ours[part][k], theirs[part][k]) for k in ours[part]), part
-    assert all(
-        torch.equal(a, b)
-        for a, b in zip(ours["optimizer"]["state"][0].values(), theirs["optimizer"]["state"][0].values(), strict=True)
-    )
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, shared_data) -> tuple[str, str, Path]:
     """One uninterrupted run: (store, run id, its checkpoint)."""
@@ -102,128 +99,7 @@ def assert_equals_reference(store: str, run_id: str, folder: Path, reference: tu
     assert_same_weights(folder / checkpoint.FILE, ref_checkpoint)
 
 
-# -- the checkpoint file and the Trainer, in this process ---------------------------------------------------
-
-
-def test_checkpoint_is_atomic_weights_only_and_restores_every_generator(tmp_path):
-    random.seed(1), np.random.seed(1), torch.manual_seed(1)
-    path = tmp_path / checkpoint.FILE
-    checkpoint.save({"rng": checkpoint.rng_state()}, path)
-    drawn = (random.random(), np.random.rand(), torch.rand(3))
-    assert [p.name for p in tmp_path.iterdir()] == [checkpoint.FILE]  # no temp file left behind
-    checkpoint.set_rng_state(torch.load(path, weights_only=True)["rng"])
-    again = (random.random(), np.random.rand(), torch.rand(3))
-    assert drawn[:2] == again[:2] and torch.equal(drawn[2], again[2])
-
-
-def bn_net() -> nn.Module:
-    """Small, with BatchNorm running statistics (buffers must come back too)."""
-    torch.manual_seed(0)
-    return nn.Sequential(
-        nn.Conv3d(1, 4, 3, stride=2),
-        nn.BatchNorm3d(4),
-        nn.ReLU(),
-        nn.AdaptiveAvgPool3d(1),
-        nn.Flatten(),
-        nn.Linear(4, 2),
-    )
-
-
-def trainer(shared_data, folder: Path, *overrides: str, preemption: Preemption | None = None) -> Trainer:
-    """Cyclic LR (stepped per optimizer step) and accumulation: the state a mid-epoch stop must keep. The override
-    ``graphed`` steps through the CUDA-graph path with its CPU stand-in (:func:`tests.helpers.graph_on_cpu`)."""
-    graphed = "graphed" in overrides
-    overrides = tuple(o for o in overrides if o != "graphed")
-    cfg = OmegaConf.to_object(
-        compose_config(
-            "data=adrenalmnist3d",
-            f"data.root={shared_data}",
-            "data.download=false",
-            "device=cpu",
-            "batch_size=2",
-            "accumulate=2",
-            "limit_batches=6",
-            "epochs=3",
-            "sched=cyclic",
-            *overrides,
-        )
-    )
-    cpu = torch.device("cpu")
-    loaders = {
-        s: make_loader(cfg.data, t, cfg.batch_size, cfg.seed, s == "train", cpu)
-        for s, t in load_splits(cfg.data).items()
-    }
-    folder.mkdir(exist_ok=True)
-    hooks = Hooks(
-        checkpoint_to=folder / checkpoint.FILE,
-        preemption=preemption or Preemption(),
-        after_step=fault_hooks(cfg, Rank()),
-    )
-    made = Trainer(cfg, bn_net(), loaders, cpu, Rank(), hooks)
-    return graph_on_cpu(made) if graphed else made
-
-
-@pytest.mark.parametrize("every_s,saved_at", [(0, [1, 2, 3]), (3600, [3, 3, 3])])
-def test_an_epochs_metrics_are_logged_only_after_a_checkpoint_that_holds_it(tmp_path, shared_data, every_s, saved_at):
-    """``checkpoint.every_s=0`` saves every epoch; a longer interval than the run saves once, after its last epoch,
-    and logs every epoch then. Each log reads the checkpoint on disk at that moment."""
-    logged = []
-
-    def log(metrics, step):
-        logged.append((step, torch.load(tmp_path / checkpoint.FILE, weights_only=True)["epoch"]))
-
-    trainer(shared_data, tmp_path, f"checkpoint.every_s={every_s}").fit(log)
-    assert logged[:-1] == list(zip([0, 1, 2], saved_at, strict=True)) and logged[-1] == (3, 3)  # then the test
-
-
-def test_a_checkpoint_from_before_2026_11_27_hands_its_last_epochs_metrics_to_check(tmp_path, shared_data):
-    """Such a checkpoint holds ``last_metrics`` (the epoch before ``epoch``), not the list of epochs ``pending``."""
-    run = trainer(shared_data, tmp_path, "epochs=2")
-    run.fit(lambda metrics, step: None)
-    state = torch.load(tmp_path / checkpoint.FILE, weights_only=True)
-    assert [epoch for epoch, _ in state.pop("pending")] == [0, 1]  # one checkpoint, written before both were logged
-    old = trainer(shared_data, tmp_path, "epochs=2")
-    old.load_state_dict({**state, "last_metrics": {"val/auc": 0.5}})
-    assert old.maybe_unlogged == [(1, {"val/auc": 0.5})]
-
-
-def test_a_crash_between_checkpoints_logs_none_of_the_epochs_it_retrains(tmp_path, shared_data):
-    """A real out-of-memory error in epoch 3 (``fault.oom_step``), no checkpoint written yet: resumed, the run would
-    train from its last checkpoint (none: from the start), so nothing was logged."""
-    logged = []
-    with pytest.raises(torch.OutOfMemoryError):
-        trainer(shared_data, tmp_path, "checkpoint.every_s=3600", "fault.oom_step=7").fit(
-            lambda metrics, step: logged.append(step)
-        )
-    assert logged == [] and not (tmp_path / checkpoint.FILE).exists()
-
-
-@pytest.mark.parametrize("switch", ["aug=none", "aug=standard", "ema_decay=0.9", "graphed"])
-def test_a_trainer_stopped_by_sigterm_mid_epoch_resumes_bitwise(tmp_path, shared_data, switch):
-    logged = {"whole": [], "parts": []}
-    whole = trainer(shared_data, tmp_path / "whole", switch)
-    final = whole.fit(lambda metrics, step: logged["whole"].append((step, metrics)))
-
-    preemption = Preemption()
-    stopped = trainer(shared_data, tmp_path / "parts", switch, "fault.term_step=4", preemption=preemption)
-    with preemption.installed(), pytest.raises(Preempted, match="stopped at epoch 2 step 1/3"):
-        stopped.fit(lambda metrics, step: logged["parts"].append((step, metrics)))  # a real SIGTERM after step 4
-    state = torch.load(tmp_path / "parts" / checkpoint.FILE, weights_only=True)
-    assert (state["epoch"], state["step"]) == (1, 1) and len(state["running"]["loss"]) == 1
-    assert (state["ema"] is not None) == switch.startswith("ema_decay")
-
-    resumed = trainer(shared_data, tmp_path / "parts", switch, "fault.term_step=4")
-    resumed.load_state_dict(state)
-    resumed_final = resumed.fit(lambda metrics, step: logged["parts"].append((step, metrics)))
-
-    def kept(entries):
-        return [(step, {k: v for k, v in m.items() if not k.startswith(NOT_RESULTS)}) for step, m in entries]
-
-    assert kept(logged["parts"]) == kept(logged["whole"]) and [s for s, _ in logged["parts"]] == [0, 1, 2, 3]
-    assert {k: v for k, v in resumed_final.items() if not k.startswith(NOT_RESULTS)} == {
-        k: v for k, v in final.items() if not k.startswith(NOT_RESULTS)
-    }
-    assert_same_weights(tmp_path / "parts" / checkpoint.FILE, tmp_path / "whole" / checkpoint.FILE)
+# -- metrics a resumed run logs ----------------------------------------------------------------------------
 
 
 def test_metrics_a_stopped_run_already_logged_are_not_logged_twice(store):
@@ -251,12 +127,13 @@ def unfinished(tmp_path, store, shared_data) -> tuple[Path, str, list[str]]:
     cfg = compose_config(*overrides)
     run = RunLogger.start(ensure_store(store), "medsweep", "r", params={}, tags={"output_dir": str(tmp_path / "run")})
     job = trainer(shared_data, tmp_path / "run", "epochs=1", "limit_batches=2")
-    job.hooks.checkpoint_meta = {
+    job.saving.meta = {
         "run_id": run.run_id,
         "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
         "batch_size": 2,
         "accumulate": 2,
         "world": 1,
+        "threads": 1,
     }
     job.fit(lambda metrics, step: None)
     return tmp_path / "run", run.run_id, overrides
@@ -403,3 +280,206 @@ def test_submitit_requeue_resumes_the_job_in_its_own_folder(tmp_path, store, sha
     assert_equals_reference(store, job.info.run_id, tmp_path / "sweep" / "0", reference)
     parent = next(r for r in runs(store) if r.data.tags.get("role") == "sweep")
     assert parent.info.status == "FINISHED"
+
+
+# -- a command run again goes on with its unfinished run, and what a new run would overwrite ---------------
+
+
+@pytest.mark.slow
+def test_the_same_command_after_a_sigterm_resumes_the_run_and_keeps_its_peak_memory(tmp_path, store, shared_data):
+    args = small_run(tmp_path, store, shared_data, "epochs=3", "fault.term_step=4")  # epoch 2, step 1 of 3
+    assert run_cli(*args).returncode == 143
+    (stopped,) = runs(store)
+    state = checkpoint.load(tmp_path / "run" / checkpoint.FILE)
+    assert state["memory_peak"]["mem/peak_mb"] >= history(store, stopped.info.run_id)["mem/peak_mb"][0][1]
+
+    moved = [a if not a.startswith("hydra.run.dir=") else f"hydra.run.dir={tmp_path}/again" for a in args]
+    again = run_cli(*moved)  # the same config, another job folder
+    assert again.returncode == 0, again.stderr[-3000:]
+    (run,) = runs(store)  # the same run, not a second one
+    assert (run.info.run_id, run.info.status, run.data.tags["resumes"]) == (stopped.info.run_id, "FINISHED", "1")
+    assert "resuming run" in again.stdout + again.stderr
+    peaks = [value for _, value in history(store, run.info.run_id)["mem/peak_mb"]]
+    assert peaks == sorted(peaks) and peaks[-1] >= state["memory_peak"]["mem/peak_mb"]  # the run's, not the process's
+    assert not (tmp_path / "run" / checkpoint.FILE).exists()
+
+
+def test_an_unfinished_run_of_the_same_config_and_code_is_resumed_others_are_named(tmp_path, store, caplog):
+    client = ensure_store(store)
+    overrides = ["model=resnet10", f"mlflow.tracking_uri={store}"]
+    typed = OmegaConf.to_object(compose_config(*overrides))
+    hashed = config_hash(flatten(compose_config(*overrides)))
+    other_code = unfinished_run(client, overrides, tmp_path / "a", "KILLED", code_fingerprint="0ld")
+    oom = unfinished_run(client, overrides, tmp_path / "b", "FAILED", status="oom")
+    assert resumable(client, typed, hashed) == (None, None)
+    assert f"run {other_code} (KILLED) of this config left" in caplog.text and "other code trained it" in caplog.text
+    assert f"run {oom} (FAILED) of this config left" in caplog.text and "status=oom" in caplog.text
+
+    killed = unfinished_run(client, overrides, tmp_path / "c", "KILLED")
+    resume, busy = resumable(client, typed, hashed)
+    assert (resume.run_id, resume.folder, resume.epoch, busy) == (killed, tmp_path / "c", 1, None)
+    plan = plan_job(compose_config(*overrides), hydra_job(tmp_path / "job", overrides))
+    assert (plan.resume.run_id, plan.output_dir) == (killed, tmp_path / "c")
+
+    with held(tmp_path / "c", "job", "wait"):  # a live process trains it: this job trains nothing
+        assert resumable(client, typed, hashed) == (None, killed)
+    skipped = plan_job(compose_config(*overrides, "skip_finished=false"), hydra_job(tmp_path / "job", overrides))
+    assert skipped.resume is None
+
+
+def test_a_live_run_of_the_same_config_without_a_checkpoint_yet_is_not_trained_twice(tmp_path, store):
+    """The same sweep started twice: the second command's job finds the first's run training (its folder held)
+    before that run wrote any checkpoint; it trained the config again."""
+    client = ensure_store(store)
+    overrides = ["model=resnet10", f"mlflow.tracking_uri={store}"]
+    typed, hashed = OmegaConf.to_object(compose_config(*overrides)), config_hash(flatten(compose_config(*overrides)))
+    tags = {"output_dir": str(tmp_path / "live"), "config_hash": hashed, "code_fingerprint": code_fingerprint()}
+    live = client.create_run(experiment_id(client, "medsweep"), tags=tags).info.run_id  # RUNNING, nothing on disk
+    assert resumable(client, typed, hashed) == (None, None)  # its process is gone: a new run trains it
+    with held(tmp_path / "live", "job", "wait"):
+        assert resumable(client, typed, hashed) == (None, live)
+
+
+def test_a_run_left_running_by_a_process_that_died_is_closed_by_the_next_command(tmp_path, store, caplog):
+    """A run killed (SIGKILL, the out-of-memory killer) before its first checkpoint stayed RUNNING for good."""
+    client = ensure_store(store)
+    overrides = ["model=resnet10", f"mlflow.tracking_uri={store}"]
+    typed, hashed = OmegaConf.to_object(compose_config(*overrides)), config_hash(flatten(compose_config(*overrides)))
+    ran = {"config_hash": hashed, "code_fingerprint": code_fingerprint()}
+
+    def running(name: str, process: dict[str, str]) -> str:
+        tags = {**ran, **process, "output_dir": str(tmp_path / name)}
+        return client.create_run(experiment_id(client, "medsweep"), tags=tags).info.run_id
+
+    orphan, alive = running("a", ended_process()), running("c", process_tags())
+    elsewhere = running("b", {**ended_process(), "host": "another-node"})
+    assert resumable(client, typed, hashed) == (None, None)
+    ended = [client.get_run(run) for run in (orphan, elsewhere, alive)]
+    assert [(run.info.status, run.data.tags.get("status")) for run in ended] == [
+        ("KILLED", "process_gone"),
+        ("RUNNING", None),
+        ("RUNNING", None),
+    ]
+    assert f"run {orphan} of this config was RUNNING, its process gone: closed KILLED" in caplog.text
+
+    held_by_another = running("d", ended_process())  # its folder held: a process of the run's lives on
+    with held(tmp_path / "d", "job", "wait"):
+        assert resumable(client, typed, hashed) == (None, held_by_another)
+    assert client.get_run(held_by_another).info.status == "RUNNING"
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_before_its_first_checkpoint_leaves_no_run_running_once_run_again(tmp_path, store, shared_data):
+    """SIGKILL to a sweep (one process: Hydra's basic launcher) while its job trains its first epoch: its parent run
+    and its job's run stayed RUNNING, and the same command trained a third and fourth run beside them."""
+    args = ["-m", *small_run(tmp_path, store, shared_data, "epochs=1", "limit_batches=200", "seed=0")]
+    with subprocess.Popen(
+        [sys.executable, "-m", "src.train", *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    ) as process:
+        deadline = time.monotonic() + 600
+        while len(runs(store)) < 2 and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        kill_group(process)
+    killed = {run.info.run_id for run in runs(store)}
+    assert len(killed) == 2 and {run.info.status for run in runs(store)} == {"RUNNING"}
+    result = run_cli(*args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ended = {run.info.run_id: (run.info.status, run.data.tags.get("status")) for run in runs(store)}
+    assert [ended[run] for run in killed] == [("KILLED", "process_gone")] * 2
+    assert sorted(status for run, status in ended.items() if run not in killed) == [("FINISHED", None)] * 2
+
+
+def test_a_checkpoint_a_new_run_would_overwrite_is_refused_naming_its_run(tmp_path, store):
+    """A job folder holding an unfinished run's checkpoint that this job does not resume: the run is in another store,
+    deleted, of another config, or of a config today's schema refuses. A new run there overwrote it."""
+    client = ensure_store(store)
+    overrides = ["model=resnet10", f"mlflow.tracking_uri={store}"]
+    elsewhere = f"sqlite:///{tmp_path / 'other.db'}"
+    ran = unfinished_run(
+        ensure_store(elsewhere), [*overrides[:1], f"mlflow.tracking_uri={elsewhere}"], tmp_path / "a", "KILLED"
+    )
+    deleted = unfinished_run(client, overrides, tmp_path / "b", "KILLED")
+    client.delete_run(deleted)
+    seeded = unfinished_run(client, [*overrides, "seed=5"], tmp_path / "c", "KILLED")
+    outdated = unfinished_run(client, overrides, tmp_path / "d", "KILLED")
+    state = checkpoint.load(tmp_path / "d" / checkpoint.FILE)
+    state["config"]["model"]["old_key"] = 1
+    checkpoint.save(state, tmp_path / "d" / checkpoint.FILE)
+    for folder, run, why in [
+        ("a", ran, f"is not in {store}: set mlflow.tracking_uri to the store it logged to"),
+        ("b", deleted, f"is deleted in {store}: restore it (mlflow runs restore --run-id {deleted})"),
+        ("c", seeded, f"was trained with seed=5->0: resume it alone (resume={tmp_path / 'c'})"),
+        ("d", outdated, "was checkpointed with a config that does not fit today's schema (Key 'old_key' not in"),
+    ]:
+        with pytest.raises(UsageError) as refused:
+            plan_job(compose_config(*overrides), hydra_job(tmp_path / folder, overrides))
+        assert str(refused.value).startswith(
+            f"{tmp_path / folder / checkpoint.FILE} holds the checkpoint of run {run}, which a new run in this folder "
+            f"would overwrite; the run {why}"
+        )
+        assert str(refused.value).endswith(
+            ", or give this job another folder (hydra.run.dir, or hydra.sweep.dir with -m)"
+        )
+
+    for value, run, why in [
+        (deleted, deleted, f"of {tmp_path / 'b' / checkpoint.FILE} is deleted in {store}: restore it"),
+        (outdated, outdated, "was checkpointed with a config that does not fit today's schema (Key 'old_key' not in"),
+    ]:
+        command = [f"resume={value}", f"mlflow.tracking_uri={store}"]
+        with pytest.raises(UsageError) as refused:
+            plan_job(compose_config(*command), hydra_job(tmp_path / "job", command))
+        assert str(refused.value).startswith(f"resume={value}: run {run} {why}")
+
+
+@pytest.mark.parametrize(
+    "kept", [200, 5000, None], ids=["its-header", "into-its-tensors", "a-flipped-byte"]
+)  # a zip error, an OSError, a CRC mismatch torch.load alone does not see
+def test_a_corrupt_checkpoint_is_one_line_for_resume_and_a_warning_for_a_new_run(tmp_path, store, caplog, kept):
+    client = ensure_store(store)
+    overrides = ["model=resnet10", f"mlflow.tracking_uri={store}"]
+    killed = unfinished_run(client, overrides, tmp_path / "run", "KILLED", weights=torch.zeros(100_000))
+    path = tmp_path / "run" / checkpoint.FILE
+    data = bytearray(path.read_bytes())
+    if kept is None:  # the file whole, one byte of the weights' zeros changed
+        data[data.index(bytes(4096)) + 2048] ^= 0xFF
+    path.write_bytes(data if kept is None else data[:kept])  # truncated, or corrupt
+    command = [f"resume={killed}", f"mlflow.tracking_uri={store}"]
+    with pytest.raises(UsageError) as refused:
+        plan_job(compose_config(*command), hydra_job(tmp_path / "job", command))
+    assert str(refused.value).startswith(f"resume={killed}: {path} is unreadable (truncated or corrupt: ")
+    assert str(refused.value).endswith(": the run cannot go on from it; start a new run")
+
+    plan = plan_job(compose_config(*overrides), hydra_job(tmp_path / "run", overrides))  # a requeued job's folder
+    assert plan.resume is None and f"{path} is unreadable" in caplog.text
+
+
+def test_of_two_runs_of_one_config_planned_at_once_the_later_one_goes(tmp_path, store):
+    client = ensure_store(store)
+    overrides = ["model=resnet10", f"mlflow.tracking_uri={store}"]
+    typed, hashed = OmegaConf.to_object(compose_config(*overrides)), config_hash(flatten(compose_config(*overrides)))
+
+    def new_run(folder: str, **tags: str) -> str:
+        tags = {
+            "output_dir": str(tmp_path / folder),
+            "config_hash": hashed,
+            "code_fingerprint": code_fingerprint(),
+            **tags,
+        }
+        return client.create_run(experiment_id(client, "medsweep"), tags=tags).info.run_id
+
+    first = new_run("first")
+    time.sleep(0.01)  # MLflow's start times are in milliseconds
+    second = new_run("second")
+    assert earlier_twin(client, typed, second) is None  # the first's process is gone: nothing trains it
+    with held(tmp_path / "first", "job", "wait"), held(tmp_path / "second", "job", "wait"):
+        assert earlier_twin(client, typed, second) == first and earlier_twin(client, typed, first) is None
+    client.set_terminated(first, "FINISHED")  # it finished while the second planned
+    assert earlier_twin(client, typed, second) == first
+    client.set_tag(first, "code_fingerprint", "0ld")  # skip_finished=true skips only a run of this code
+    assert earlier_twin(client, typed, second) is None
+    assert earlier_twin(client, dataclasses.replace(typed, skip_finished="config"), second) == first

@@ -14,15 +14,16 @@ import torch
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
+from src.config import ParallelMode
 from src.errors import UsageError
+from src.execution import resolve
 from src.parallel import machine_share
 from src.parallel.launch import job_device, launcher_jobs
 from src.parallel.machine_share import FREE_ENV, GPU_JOBS_ENV, JOBS_ENV, SHARE_ENV
-from src.parallel.ranks import thread_count
 from src.perf.autobatch import check_fits
 from src.perf.memory_cache import predicted
 from src.training import checkpoint
-from tests.helpers import ROOT, compose_config, run_cli, runs, small_run
+from tests.helpers import ROOT, compose_config, on_cpu, run_cli, runs, small_run
 
 CORES = len(os.sched_getaffinity(0))
 CPU = torch.device("cpu")
@@ -90,29 +91,32 @@ def test_a_value_no_sweep_could_record_counts_as_no_sweep(clean_env, value):
 
 
 def test_the_jobs_at_once_divide_the_cores_and_the_ranks_divide_them_again(clean_env):
-    cfg = OmegaConf.to_object(compose_config("num_threads=null"))
+    cfg = OmegaConf.to_object(compose_config("num_threads=null", "device=cpu"))
+    ddp = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, mode=ParallelMode.ddp, nproc=2))
     clean_env.setenv(JOBS_ENV, "2")
-    assert thread_count(cfg) == max(1, CORES // 2) and thread_count(cfg, ranks_on_node=2) == max(1, CORES // 4)
+    assert resolve(cfg).threads == max(1, CORES // 2) and resolve(ddp).threads == max(1, CORES // 4)
+    assert resolve(ddp).ranks_on_node == 2
     clean_env.setenv(JOBS_ENV, str(10 * CORES))
-    assert thread_count(cfg) == 1
-    assert thread_count(dataclasses.replace(cfg, num_threads=3)) == 3  # given: kept
+    assert resolve(cfg).threads == 1
+    assert resolve(dataclasses.replace(cfg, num_threads=3)).threads == 3  # given: kept
 
 
 def test_a_batch_that_fits_alone_but_not_beside_the_sweeps_other_jobs_is_refused_naming_n_jobs(clean_env, shared_data):
     cfg = OmegaConf.to_object(compose_config("model=resnet10", "batch_size=4", f"data.root={shared_data}"))
-    each = predicted(cfg, CPU).total_mb
+    execution = on_cpu(cfg)
+    each = predicted(cfg, execution).total_mb
     clean_env.setenv(FREE_ENV, f"{2 * each:.0f}")  # fits alone (less the headroom), not 2 at once
     clean_env.setenv(JOBS_ENV, "1")
-    check_fits(cfg, CPU, ranks=1)
+    check_fits(cfg, execution)
     clean_env.setenv(JOBS_ENV, "2")
     with pytest.raises(UsageError) as refused:
-        check_fits(cfg, CPU, ranks=1)
+        check_fits(cfg, execution)
     assert "this job's share of the" in str(refused.value) and "(2 jobs of the sweep at once) less 15%" in str(
         refused.value
     )
     fewer = "run fewer jobs at once (hydra/launcher=joblib hydra.launcher.n_jobs=<n>: submitit_local runs every job"
     assert f": {fewer} at once), or lower batch_size" in str(refused.value)
-    check_fits(dataclasses.replace(cfg, mem_budget_mb=2 * each), CPU, ranks=1)  # a budget given is the job's own
+    check_fits(dataclasses.replace(cfg, mem_budget_mb=2 * each), execution)  # a budget given is the job's own
 
 
 @pytest.mark.parametrize("launcher", ["joblib", pytest.param("submitit_local", marks=pytest.mark.slow)])
@@ -171,3 +175,16 @@ def test_a_job_of_a_parallel_sweep_resumed_alone_keeps_the_threads_it_trained_wi
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"rank 0/1 on cpu with {shared} threads" in again.stdout + again.stderr
     assert mlflow.MlflowClient(store).get_run(run.info.run_id).data.tags["num_threads"] == str(shared)
+
+
+def test_a_single_run_drops_what_a_sweep_recorded_in_the_environment(clean_env):
+    """A run started from a shell where a sweep's records were left (``conf/config.yaml``'s ``outside_sweep``
+    callback) is no sweep's job: it takes the whole machine."""
+    from hydra.utils import instantiate
+
+    for name in (JOBS_ENV, FREE_ENV, GPU_JOBS_ENV, SHARE_ENV):
+        clean_env.setenv(name, "2")
+    callback = instantiate(OmegaConf.load(ROOT / "conf" / "config.yaml").hydra.callbacks.outside_sweep)
+    callback.on_run_start(OmegaConf.create())
+    assert not {JOBS_ENV, FREE_ENV, GPU_JOBS_ENV, SHARE_ENV} & set(os.environ)
+    assert machine_share.jobs_at_once() == 1

@@ -24,8 +24,7 @@ from src.config import GpuShare
 from src.errors import UsageError
 from src.parallel import mps
 from src.parallel.mps import Action, Sharing
-from tests.helpers import run_cli, run_process, runs, small_run
-from tests.jobs.test_sweeps import JOBLIB, one_error_line
+from tests.helpers import JOBLIB, one_error_line, run_cli, run_process, runs, small_run
 
 auto, use_mps, none = GpuShare.auto, GpuShare.mps, GpuShare.none
 nothing, use, start, warn, refuse = Action.nothing, Action.use, Action.start, Action.warn, Action.refuse

@@ -1,4 +1,5 @@
-"""The memory predictor: its accounting on small real models, and its predictions against real CPU runs."""
+"""src/perf/memory.py: the memory predictor's accounting on small real models, and its predictions against real CPU
+runs."""
 
 from __future__ import annotations
 
@@ -13,18 +14,20 @@ from torch import nn
 from src.models import build_model
 from src.perf import memory
 from src.training.optim import build_optimizer
-from tests.helpers import compose_config, run_cli
+from tests.data.nifti.folders import six
+from tests.helpers import compose_config, on_cpu, run_cli
+from tests.perf.helpers import predict, typed
 
 CPU = torch.device("cpu")
 TOLERANCE = 0.15  # the predictor's contract on CPU: measured / predicted within 1 +- 15%
 
 
-def typed(*overrides: str):
-    return OmegaConf.to_object(compose_config("data=synthetic", "model=resnet18", "model.stem=standard", *overrides))
+def footprint(cfg, batch_size: int) -> memory.Footprint:
+    return memory.footprint(cfg, on_cpu(cfg), batch_size)
 
 
 def activations(*overrides: str, batch_size: int = 2) -> int:
-    return memory.footprint(typed(*overrides), CPU, batch_size).activations
+    return footprint(typed(*overrides), batch_size).activations
 
 
 def conv_net(inplace: bool) -> nn.Module:
@@ -110,7 +113,7 @@ def test_amp_saves_low_precision_activations_and_caches_weight_casts():
 
 def test_amp_changes_the_zoo_activations_and_adds_bf16_weight_copies():
     """bf16 forced: on a CPU without native bf16, ``amp_dtype=auto`` trains (and predicts) float32."""
-    fp32, amp = (memory.predict(typed(f"amp={a}", "amp_dtype=bfloat16"), CPU, batch_size=4) for a in ("false", "true"))
+    fp32, amp = (predict(typed(f"amp={a}", "amp_dtype=bfloat16")) for a in ("false", "true"))
     with torch.device("meta"):
         model = build_model(typed().model, typed().data)
     cast = [p for m in model.modules() if isinstance(m, (nn.Conv3d, nn.Linear)) for p in m.parameters()]
@@ -139,34 +142,34 @@ def test_checkpointing_cuts_densenet_activations(setting):
 
 
 def test_accumulation_holds_the_gradients_through_the_next_micro_step():
-    one, two = (memory.footprint(typed(f"accumulate={a}"), CPU, 4) for a in (1, 2))
+    one, two = (footprint(typed(f"accumulate={a}"), 4) for a in (1, 2))
     assert two.activations == one.activations and two.peak > one.peak
 
 
 def test_components_counted_on_each_device():
-    one, two = (memory.predict(typed(f"epochs={e}"), CPU, batch_size=4) for e in (1, 2))
+    one, two = (predict(typed(f"epochs={e}")) for e in (1, 2))
     parts = {k: v for k, v in dataclasses.asdict(one).items() if k.endswith("_mb") and k != "total_mb"}
     assert one.total_mb == pytest.approx(sum(v for k, v in parts.items() if one.counted()[k]))
     assert {k for k, counted in one.counted().items() if not counted} == {"params_mb", "data_mb", "ema_mb"}
     assert all(dataclasses.replace(one, device="cuda").counted().values())
     assert one.gradients_mb == one.params_mb and one.optimizer_mb == 2 * one.params_mb  # adam
     assert one.best_weights_mb == 0 and two.best_weights_mb > two.params_mb  # parameters and BN buffers
-    averaged = memory.predict(typed("epochs=2", "ema_decay=0.99"), CPU, batch_size=4)
+    averaged = predict(typed("epochs=2", "ema_decay=0.99"))
     assert one.ema_mb == 0 and averaged.ema_mb == two.best_weights_mb  # the same copy: parameters and BN buffers
     assert averaged.total_mb == two.total_mb  # on CPU in the baseline, created before MemoryMonitor.start
     assert one.data_mb == sum(typed().data.synthetic_samples) * (28**3 + 8) / memory.MIB
-    assert memory.predict(typed("data.loader=dataloader"), CPU, batch_size=4).data_mb == 0
+    assert predict(typed("data.loader=dataloader")).data_mb == 0
 
 
 def test_cpu_workspace_grows_by_the_largest_weight_per_thread():
-    one, two = (memory.predict(typed(f"num_threads={n}"), CPU, batch_size=4) for n in (1, 2))
-    largest = memory.footprint(typed(), CPU, 4).largest_param / memory.MIB
+    one, two = (predict(typed(f"num_threads={n}")) for n in (1, 2))
+    largest = footprint(typed(), 4).largest_param / memory.MIB
     assert largest == 512 * 512 * 27 * 4 / memory.MIB  # resnet18's layer4 3^3 convs
     assert two.workspace_mb - one.workspace_mb == pytest.approx(largest)
 
 
 def test_kept_heap_is_a_share_of_the_heap_served_activations_bounded_by_the_largest_weight():
-    fp = memory.footprint(typed("model.stem=small"), CPU, 4)
+    fp = footprint(typed("model.stem=small"), 4)
     assert 0 < fp.heap_activations <= fp.activations
 
     def kept(heap: int) -> float:
@@ -176,20 +179,6 @@ def test_kept_heap_is_a_share_of_the_heap_served_activations_bounded_by_the_larg
     bound = memory.CPU_HEAP_KEPT_WEIGHTS * fp.largest_param
     assert kept(bound // 2) == pytest.approx(memory.CPU_HEAP_KEPT * (bound // 2))
     assert kept(2 * bound) == kept(bound) == pytest.approx(memory.CPU_HEAP_KEPT * bound)
-
-
-def test_cli_prints_the_breakdown():
-    result = run_cli("model=resnet18", "model.stem=standard", "data=synthetic", "batch_size=4", module="src.memory")
-    assert result.returncode == 0, result.stderr
-    expected = memory.predict(typed(), CPU, batch_size=4)
-    assert result.stdout.splitlines()[-1].split() == ["total", f"{expected.total_mb:.1f}"]
-    assert "params" in result.stdout and "in the CPU baseline: not counted" in result.stdout
-
-
-def test_cli_refuses_float16_on_cpu():
-    result = run_cli("amp=true", "amp_dtype=float16", "device=cpu", module="src.memory")
-    assert result.returncode == 2
-    assert result.stderr.startswith("error: amp_dtype=float16 needs a CUDA device")
 
 
 def measured_cell(shared_data, *overrides: str, repeats: int = 3, threads: int = 2) -> dict:
@@ -252,3 +241,13 @@ def test_resnet18_small_stem_run_matches_the_prediction(shared_data):
     assert_within_tolerance(
         measured_cell(shared_data, "model=resnet18", "model.stem=small", "data.size=28", "batch_size=4", threads=1)
     )
+
+
+def test_the_memory_predictor_takes_other_cube_sizes(tmp_path):
+    six(tmp_path)
+    for size in (16, 40):
+        cfg = OmegaConf.to_object(
+            compose_config("data=nifti", f"data.root={tmp_path}", f"data.size={size}", "model=resnet10", "batch_size=2")
+        )
+        prediction = memory.predict(cfg, on_cpu(cfg))
+        assert prediction.data_mb == 6 * (size**3 + 8) / 2**20 and prediction.activations_mb > 0

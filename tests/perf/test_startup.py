@@ -16,7 +16,7 @@ from src.perf.flop_cache import counted_flops
 from src.perf.memory import footprint
 from src.perf.memory_cache import predicted_memory_metrics
 from src.training.mfu import flops_per_sample
-from tests.helpers import compose_config, run_cli, run_process, runs, small_run
+from tests.helpers import compose_config, on_cpu, run_cli, run_process, runs, small_run
 
 CPU = torch.device("cpu")
 
@@ -60,9 +60,10 @@ def test_a_sweeps_later_jobs_reuse_the_probes_of_an_equal_model():
         OmegaConf.to_object(compose_config("model=resnet10", "data=synthetic", *extra))
         for extra in (["seed=0"], ["seed=1"], ["seed=0", "amp=true", "amp_dtype=bfloat16"])
     )
-    assert footprint(seed0, CPU, 2) is footprint(seed1, CPU, 2)
-    assert footprint(seed0, CPU, 2) is not footprint(amp, CPU, 2)
-    assert footprint(seed0, CPU, 2) is not footprint(seed0, CPU, 4)
+    fp32, bf16 = on_cpu(seed0), on_cpu(amp)
+    assert footprint(seed0, fp32, 2) is footprint(seed1, fp32, 2)
+    assert footprint(seed0, fp32, 2) is not footprint(amp, bf16, 2)
+    assert footprint(seed0, fp32, 2) is not footprint(seed0, fp32, 4)
     assert flops_per_sample(seed0) == flops_per_sample(seed1)
 
 
@@ -75,7 +76,8 @@ def test_the_start_up_probes_are_read_from_disk_by_a_later_process(monkeypatch, 
         OmegaConf.to_object(compose_config("model=resnet10", "data=synthetic", *extra))
         for extra in (["seed=0"], ["seed=1", f"mlflow.tracking_uri=sqlite:///{tmp_path / 'elsewhere.db'}"])
     )
-    flops, memory = counted_flops(seed0), predicted_memory_metrics(seed0, CPU)({"mem/peak_mb": 100.0})
+    execution = on_cpu(seed0)
+    flops, memory = counted_flops(seed0), predicted_memory_metrics(seed0, execution)({"mem/peak_mb": 100.0})
     assert flops == flops_per_sample(seed0)
     assert len(json.loads((tmp_path / "flops_per_sample.json").read_text())) == 1
 
@@ -87,7 +89,7 @@ def test_the_start_up_probes_are_read_from_disk_by_a_later_process(monkeypatch, 
     assert counted_flops(seed1) == flops
     assert counted_flops(dataclasses.replace(seed1, data=dataclasses.replace(seed1.data, root=str(tmp_path)))) == flops
     assert len(json.loads((tmp_path / "flops_per_sample.json").read_text())) == 1
-    assert predicted_memory_metrics(seed1, CPU)({"mem/peak_mb": 100.0}) == memory
+    assert predicted_memory_metrics(seed1, execution)({"mem/peak_mb": 100.0}) == memory
     assert len(json.loads((tmp_path / "memory_predictions.json").read_text())) == 1
     with pytest.raises(AssertionError, match="probed again"):
         counted_flops(OmegaConf.to_object(compose_config("model=resnet18", "data=synthetic")))
@@ -99,12 +101,15 @@ def test_a_gpu_memory_prediction_is_read_back_whatever_the_host_threads(tmp_path
     monkeypatch.setenv("MEDSWEEP_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(probe_cache, "device_name", lambda device: "NVIDIA H200")
     cfg = OmegaConf.to_object(compose_config("model=resnet10", "data=synthetic"))
-    prediction, calls = memory_cache.predict(cfg, CPU), []
-    monkeypatch.setattr(memory_cache, "predict", lambda cfg, device: calls.append(device.type) or prediction)
+    execution = on_cpu(cfg)
+    prediction, calls = memory_cache.predict(cfg, execution), []
+    monkeypatch.setattr(
+        memory_cache, "predict", lambda cfg, execution: calls.append(execution.device.type) or prediction
+    )
     for threads in (16, 4):
-        monkeypatch.setattr(memory_cache, "thread_count", lambda cfg, threads=threads: threads)
         for device in (torch.device("cuda"), CPU):
-            assert memory_cache.predicted(cfg, device) == prediction
+            on_device = dataclasses.replace(execution, device=device, threads=threads)
+            assert memory_cache.predicted(cfg, on_device) == prediction
     assert calls == ["cuda", "cpu", "cpu"]
 
 
@@ -145,8 +150,9 @@ def test_a_jobs_start_up_path_imports_neither_scikit_learn_nor_medmnists_package
 import sys
 import src.train, src.jobs.rank, src.jobs.reporting, src.training.trainer
 from omegaconf import OmegaConf
-from src.config import register
-from src.data import class_names, ensure_file, load_splits
+from src.cli import register
+from src.data.files import class_names, ensure_file
+from src.data.loaders import load_splits
 from tests.helpers import compose_config
 register()
 data = OmegaConf.to_object(compose_config("data=adrenalmnist3d", "data.download=false")).data

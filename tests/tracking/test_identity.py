@@ -1,5 +1,5 @@
-"""A run's identity: the code fingerprint, ``skip_finished=true|config|false`` and run names, in real processes
-and a real MLflow store."""
+"""src/tracking/identity.py: a run's identity: the config hash, the code fingerprint,
+``skip_finished=true|config|false`` and run names, in real processes and a real MLflow store."""
 
 from __future__ import annotations
 
@@ -174,3 +174,21 @@ def test_keys_added_later_keep_the_hashes_of_runs_logged_before_them(overrides):
     before = {key: value for key, value in params.items() if key not in ADDED or ADDED[key] != value}
     assert config_hash(params) == config_hash(before)
     assert config_hash({**params, "select_by": "last"}) != config_hash(params)
+
+
+def test_the_hash_ignores_where_a_run_logs_and_how_it_is_started():
+    base = config_hash(flatten(compose_config("seed=1")))
+    same = compose_config(
+        "seed=1",
+        "mlflow.tracking_uri=sqlite:///other.db",
+        "mlflow.experiment=e",
+        "data.root=/x",
+        "data.download=false",
+        "skip_finished=false",
+        "rerun=abc",
+        "objective=val/auc",
+    )
+    assert config_hash(flatten(same)) == base
+    for override in ("seed=2", "model.dsconv=true", "batch_size=derived"):
+        extra = ("effective_batch_size=32",) if override == "batch_size=derived" else ()
+        assert config_hash(flatten(compose_config("seed=1", override, *extra))) != base, override

@@ -13,11 +13,11 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from src.config import Config
-from src.data import load_splits, make_loader
+from src.data.loaders import load_splits, make_loader
+from src.execution import amp_dtype, resolve
 from src.parallel.dist import Rank
 from src.parallel.preemption import Preempted, Preemption
 from src.parallel.ranks import seed_everything
-from src.resolve import resolve_amp_dtype
 from src.training import checkpoint
 from src.training.build import build_trainer
 from src.training.faults import fault_hooks
@@ -50,19 +50,20 @@ def cuda_config(shared_data: Path, *overrides: str) -> Config:
             *overrides,
         )
     )
-    seed_everything(cfg)
+    seed_everything(cfg, resolve(cfg).threads)
     return cfg
 
 
 def cuda_trainer(shared_data: Path, *overrides: str, hooks: Hooks | None = None) -> Trainer:
-    return build_trainer(cuda_config(shared_data, "model=resnet10", "epochs=2", *overrides), CUDA, hooks=hooks)
+    cfg = cuda_config(shared_data, "model=resnet10", "epochs=2", *overrides)
+    return build_trainer(cfg, resolve(cfg), hooks=hooks)
 
 
 def test_amp_auto_is_bfloat16_without_a_scaler_where_the_gpu_computes_it_natively():
     cfg = OmegaConf.to_object(compose_config("amp=true"))
-    dtype = resolve_amp_dtype(cfg, CUDA)
+    dtype = amp_dtype(cfg, CUDA)
     assert dtype == (torch.bfloat16 if torch.cuda.get_device_capability(CUDA)[0] >= 8 else torch.float16)
-    assert Precision.build(True, dtype, CUDA).scaler.is_enabled() == (dtype == torch.float16)
+    assert Precision.build(dtype, CUDA).scaler.is_enabled() == (dtype == torch.float16)
 
 
 @pytest.mark.parametrize("switches", [(), ("accumulate=2", "ema_decay=0.9", "grad_clip=1", "sched=cyclic")])
@@ -100,7 +101,7 @@ def test_a_graphed_step_makes_no_host_sync(shared_data):
 
 def test_auto_graphs_the_default_bf16_run_and_it_trains(shared_data):
     trainer = cuda_trainer(shared_data, "amp=true")
-    assert trainer.step_graph is not None and trainer.eager_because == ""
+    assert trainer.step_graph is not None and trainer.execution.eager_because == ""
     losses = [trainer.train_epoch(epoch)["train/loss"] for epoch in range(2)]
     assert all(loss == loss for loss in losses)  # not NaN
 
@@ -125,7 +126,7 @@ def deterministic_trainer(shared_data: Path, *overrides: str, hooks: Hooks | Non
         for split, tensors in load_splits(cfg.data).items()
     }
     hooks = dataclasses.replace(hooks or Hooks(), after_step=fault_hooks(cfg, Rank()))
-    return Trainer(cfg, deterministic_net(), loaders, CUDA, Rank(), hooks)
+    return Trainer(cfg, deterministic_net(), loaders, resolve(cfg), Rank(), hooks)
 
 
 RESUMED_RUN = ("cuda_graphs=true", "accumulate=2", "sched=cyclic", "ema_decay=0.9", "epochs=3")

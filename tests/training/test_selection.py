@@ -8,7 +8,7 @@ import pytest
 
 from src.config import SelectBy
 from src.training.selection import SMOOTHING, Selection
-from tests.training.test_engine import trainer_for
+from tests.training.helpers import trainer_for
 
 # epoch 2 is a spike (the Adrenal seed-2 case of docs/accuracy.md: a high AUC, a high loss); 5-7 have settled
 AUC = [0.70, 0.86, 0.62, 0.74, 0.80, 0.81, 0.80]

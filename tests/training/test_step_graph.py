@@ -1,52 +1,14 @@
-"""``cuda_graphs``: where a step can be captured, and a graphed trainer's steps on the CPU through the stand-in
-capture of :func:`tests.helpers.graph_on_cpu` (the real CUDA graph: ``tests/training/test_cuda.py``)."""
+"""src/training/step_graph.py: a graphed trainer on the CPU through the stand-in capture of
+:func:`tests.helpers.graph_on_cpu` (the real CUDA graph: ``tests/training/test_cuda.py``)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from src.errors import UsageError
-from src.resolve import resolve_cuda_graphs
 from src.training.step_graph import WARMUP_STEPS
-from tests.helpers import compose_config, graph_on_cpu
-from tests.training.test_engine import trainer_for
-
-CUDA = torch.device("cuda")  # only named: graph_blocker reads no CUDA state for these configs
-
-
-def config(*overrides: str):
-    return OmegaConf.to_object(compose_config(*overrides))
-
-
-@pytest.mark.parametrize(
-    "overrides,because",
-    [
-        ((), None),
-        (("amp=true", "amp_dtype=bfloat16", "ema_decay=0.99", "grad_clip=1", "accumulate=2", "sched=cyclic"), None),
-        (("compile=true",), "compile=true"),
-        (("parallel=ddp",), "parallel=ddp"),
-        (("parallel=dp",), "parallel=dp"),
-        (("amp=true", "amp_dtype=float16"), "float16 autocast"),
-        (("optim=sgd",), "optim=sgd"),
-        (("model.checkpointing=true",), "model.checkpointing"),
-    ],
-)
-def test_auto_graphs_a_cuda_step_unless_something_in_it_cannot_be_captured(overrides, because):
-    graphed, why = resolve_cuda_graphs(config(*overrides), CUDA)
-    assert graphed == (because is None) and why.startswith(because or "")
-    if because is not None:
-        with pytest.raises(UsageError, match=f"^cuda_graphs=true cannot run here: {because}.*; use cuda_graphs=auto"):
-            resolve_cuda_graphs(config(*overrides, "cuda_graphs=true"), CUDA)
-    assert resolve_cuda_graphs(config(*overrides, "cuda_graphs=false"), CUDA) == (False, "cuda_graphs=false")
-
-
-def test_on_the_cpu_auto_steps_eagerly_and_true_is_refused():
-    cpu = torch.device("cpu")
-    assert resolve_cuda_graphs(config(), cpu) == (False, "CUDA graphs need a CUDA device (this run is on cpu)")
-    with pytest.raises(UsageError, match="^cuda_graphs=true cannot run here: CUDA graphs need a CUDA device"):
-        resolve_cuda_graphs(config("cuda_graphs=true"), cpu)
+from tests.helpers import graph_on_cpu
+from tests.training.helpers import trainer_for
 
 
 @pytest.mark.parametrize(
@@ -89,3 +51,13 @@ def test_each_step_stages_its_own_batch_into_the_static_tensors(shared_data):
     trainer.train_epoch(0)
     images = [trainer.train_batch(batch, 0, i)[0] for i, batch in zip(range(5), trainer.loaders["train"], strict=False)]
     assert len(seen) == 5 and all(torch.equal(a, b) for a, b in zip(seen, images, strict=True))
+
+
+def test_a_graphed_run_does_not_time_the_steps_before_and_of_its_capture(shared_data):
+    """The graph's eager steps and the step that captures it (``WARMUP_STEPS + 1``) stay out of the first epoch's
+    timing; later epochs leave out one step, as eager runs do."""
+    trainer = graph_on_cpu(trainer_for("batch_size=4", "limit_batches=8", "epochs=2", data_root=shared_data))
+    for epoch in range(2):
+        trainer.train_epoch(epoch)
+    timed = [epoch["perf/steps_timed"] for epoch in trainer.timed]
+    assert timed == [8 - (WARMUP_STEPS + 1), 8 - 1] and trainer.captures == 1

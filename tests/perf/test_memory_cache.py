@@ -1,0 +1,29 @@
+"""src/perf/memory_cache.py: each job's predicted memory, cached and logged beside the measured peak."""
+
+from __future__ import annotations
+
+import pytest
+
+from src.execution import validate
+from src.perf import memory_cache
+from src.perf.memory import predict
+from tests.helpers import compose_config, job_overrides, run_cli, runs, small_run
+
+
+@pytest.mark.slow
+def test_every_run_logs_its_predicted_memory(tmp_path, store, shared_data):
+    assert run_cli(*small_run(tmp_path, store, shared_data, "epochs=1")).returncode == 0
+    (run,) = runs(store)
+    metrics = run.data.metrics
+    assert metrics["mem/predict_ratio"] == pytest.approx(metrics["mem/peak_mb"] / metrics["mem/predicted_mb"])
+
+
+def test_a_memory_prediction_is_read_back_from_the_cache(tmp_path, monkeypatch, store, shared_data):
+    monkeypatch.setenv("MEDSWEEP_CACHE_DIR", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(memory_cache, "predict", lambda *args: calls.append(args) or predict(*args))
+    cfg, execution = validate(compose_config(*job_overrides(tmp_path, store, shared_data)))
+    assert memory_cache.predicted(cfg, execution) == memory_cache.predicted(cfg, execution) == predict(cfg, execution)
+    assert len(calls) == 1
+    (tmp_path / memory_cache.CACHE.name).write_text("not json")  # an unreadable cache is predicted anew
+    assert memory_cache.predicted(cfg, execution) == predict(cfg, execution) and len(calls) == 2

@@ -1,11 +1,14 @@
-"""Issue 21's GPU targets against what a ``benchmarks/gpu_session.sh`` folder holds: one Markdown table.
+"""Issues 21's and 43's GPU targets against what a ``benchmarks/gpu_session.sh`` folder holds: one Markdown table.
 
     python -m benchmarks.gpu_targets outputs/gpu_session
 
 The folder's parts, each written by one phase of the script (a part that is missing reads "not measured"):
 ``loops.jsonl`` (``train_loops.py --json``), ``share.jsonl`` (``gpu_share.py --json``), ``main/`` and ``mission/``
 (the sweep's MLflow store ``mlflow.db`` and its report in ``report/``; main's store also holds the ``startup`` job,
-one job in a fresh process for a model probed before) and ``wall.tsv`` (each phase's wall seconds and exit status).
+one job in a fresh process for a model probed before) and ``wall.tsv`` (each phase's wall seconds and exit status);
+issue 43's: ``memory.jsonl`` (``memory_table.py --gpu-grid --json``), ``budget/64`` and ``budget/128`` (the 24 GiB
+budget's sweeps, store and report) and ``startup4/mlflow.db`` (a job alone and 4 at once, fresh processes). Below the
+targets, the budget's jobs one per line.
 """
 
 from __future__ import annotations
@@ -76,9 +79,9 @@ def ratio_reading(own: list[float] | None, reference: list[float] | None) -> Rea
     return Reading(ratio, f"{ratio:.2f}x (per round {min(per_round):.2f}-{max(per_round):.2f})")
 
 
-def runs(store: Path, experiment: str | None = None) -> pd.DataFrame:
-    """The finished job runs (not the sweep's parent) of a SQLite store, of one experiment or all; empty where there
-    is none."""
+def every_run(store: Path, experiment: str | None = None) -> pd.DataFrame:
+    """Every run of a SQLite store (failed ones too: an out of memory; the sweeps' parents), of one experiment or all;
+    empty where there is none."""
     if not store.exists():
         return pd.DataFrame()
     import mlflow
@@ -86,7 +89,13 @@ def runs(store: Path, experiment: str | None = None) -> pd.DataFrame:
     logging.getLogger("mlflow").setLevel(logging.ERROR)
     mlflow.set_tracking_uri(f"sqlite:///{store}")
     chosen = {"experiment_names": [experiment]} if experiment else {"search_all_experiments": True}
-    frame = mlflow.search_runs(**chosen)
+    return mlflow.search_runs(**chosen)
+
+
+def runs(store: Path, experiment: str | None = None) -> pd.DataFrame:
+    """The finished job runs (not the sweep's parent) of a SQLite store, of one experiment or all; empty where there
+    is none."""
+    frame = every_run(store, experiment)
     if frame.empty or "metrics.perf/samples_per_s_median" not in frame:
         return pd.DataFrame()
     return frame[(frame["status"] == "FINISHED") & frame["metrics.perf/samples_per_s_median"].notna()]
@@ -109,9 +118,9 @@ def main_job(folder: Path) -> Reading | None:
     return Reading(median, f"{median:,.0f} (epochs: {spread}; {tags})")
 
 
-def amp_effect(folder: Path) -> Reading | None:
-    """The main command's report: ``amp=true`` against ``false``, samples/s ratio, interval and verdict."""
-    path = folder / "main" / "report" / "effects.csv"
+def amp_effect(folder: Path, sweep: str = "main") -> Reading | None:
+    """A sweep's report (the main command's): ``amp=true`` against ``false``, samples/s ratio, interval and verdict."""
+    path = folder / sweep / "report" / "effects.csv"
     if not path.exists():
         return None
     effects = pd.read_csv(path)
@@ -182,6 +191,128 @@ def wall(folder: Path, phase: str) -> Reading | None:
     return Reading(seconds, f"{seconds:.0f} s")
 
 
+TOLERANCE = 0.15  # the memory predictor's goal (issue 43): every cell's measured peak within 1 +- 15% of it
+BUDGET_SIZES = (64, 128)  # the budget phase's sweeps, budget/<size>
+STARTUP4 = "startup4"  # the phase's store and its experiments startup4_alone, startup4_four
+
+
+def memory_cells(folder: Path, step: str) -> Reading | None:
+    """The share of the GPU grid's cells of ``step`` (graphed, eager) whose measured peak is within +-15% of the
+    prediction, with their range; failed cells (an out of memory, a failed capture) are named, not counted."""
+    records = [r for r in read_jsonl(folder / "memory.jsonl") if r.get("cell") and step_of(r) == step]
+    done = [r for r in records if "error" not in r]
+    if not done:
+        return None
+    ratios = [r["measured_mb"] / r["prediction"]["total_mb"] for r in done]
+    inside = sum(1 - TOLERANCE <= ratio <= 1 + TOLERANCE for ratio in ratios)
+    failed = f"; {len(records) - len(done)} failed" if len(records) > len(done) else ""
+    return Reading(
+        inside / len(done), f"{inside} of {len(done)} cells (ratios {min(ratios):.2f}-{max(ratios):.2f}{failed})"
+    )
+
+
+def step_of(record: dict) -> str:
+    """A GPU grid cell's step: what it predicted, else (a failed cell) what it asked for."""
+    if "prediction" in record:
+        return record["prediction"]["step"]
+    return "graphed" if "cuda_graphs=true" in record["cell"] else "eager"
+
+
+def job_runs(store: Path, experiment: str | None = None) -> pd.DataFrame:
+    """Every job run of a SQLite store (failed ones too: an out of memory; not the sweep's parent)."""
+    frame = every_run(store, experiment)
+    return frame[frame["params.batch_size"].notna()] if "params.batch_size" in frame else pd.DataFrame()
+
+
+def budget_batch(folder: Path, size: int) -> Reading | None:
+    """The largest micro-batch densenet121 trained at ``size``^3 under the budget (finished jobs), with its switches and
+    samples/s, and how many of the size's jobs finished."""
+    frame = job_runs(folder / "budget" / str(size) / "mlflow.db")
+    if frame.empty:
+        return None
+    done = frame[frame["status"] == "FINISHED"]
+    if done.empty:
+        return Reading(0, f"none of {len(frame)} jobs finished")
+    best = done.loc[done["params.batch_size"].astype(int).idxmax()]
+    rate = best.get("metrics.perf/samples_per_s_median", math.nan)
+    return Reading(
+        int(best["params.batch_size"]),
+        f"batch {best['params.batch_size']} x {best['params.accumulate']} ({switches(best)}, {rate:,.0f} samples/s); "
+        f"{len(done)} of {len(frame)} jobs finished",
+    )
+
+
+def switches(run: pd.Series) -> str:
+    names = ("amp", "model.checkpointing", "model.dsconv")
+    return " ".join(f"{name.removeprefix('model.')}={run.get(f'params.{name}', '-')}" for name in names)
+
+
+def startup_of(folder: Path, experiment: str) -> Reading | None:
+    """``time/startup_s`` of the startup4 phase's jobs of ``experiment``: the slowest, with the median and range."""
+    frame = job_runs(folder / STARTUP4 / "mlflow.db", experiment)
+    if frame.empty or "metrics.time/startup_s" not in frame:
+        return None
+    seconds = frame["metrics.time/startup_s"].dropna()
+    if seconds.empty:
+        return None
+    if len(seconds) == 1:
+        return Reading(seconds.iloc[0], f"{seconds.iloc[0]:.1f} s")
+    return Reading(
+        seconds.max(), f"slowest {seconds.max():.1f} s (median {seconds.median():.1f}, of {len(seconds)} jobs)"
+    )
+
+
+def issue43(folder: Path) -> list[tuple[str, str, Callable[[float], bool], Reading | None]]:
+    grid = "memory predictor, {} cells within +-15% (GPU grid)"
+    rows = [
+        (f"43: {grid.format(step)}", "all", at_least(1), memory_cells(folder, step)) for step in ("graphed", "eager")
+    ]
+    for size in BUDGET_SIZES:
+        name = f"43: densenet121 {size}^3"
+        rows.append(
+            (f"{name} under 24 GiB: largest micro-batch trained", ">= 4", at_least(4), budget_batch(folder, size))
+        )
+        amp = amp_effect(folder, f"budget/{size}")
+        rows.append((f"{name} report: amp=true vs false, samples/s", "> 1x", lambda value: value > 1, amp))
+    for alone, experiment in (("alone", "startup4_alone"), ("4 at once", "startup4_four")):
+        start_up = startup_of(folder, experiment)
+        rows.append((f"43: fresh process start-up, probed model, {alone}", "<= 10 s", at_most(10), start_up))
+    return rows
+
+
+BUDGET_COLUMNS = (
+    "size", "amp", "checkpointing", "dsconv", "status", "batch x accumulate", "graphed", "samples/s", "peak MiB",
+    "predicted MiB", "MFU",
+)  # fmt: skip
+
+
+def budget_table(folder: Path) -> str:
+    """The budget's jobs, one per line: switches, how they ended, the batch they trained at, speed, memory, MFU."""
+    lines = ["| " + " | ".join(BUDGET_COLUMNS) + " |", "|---" * len(BUDGET_COLUMNS) + "|"]
+    for size in BUDGET_SIZES:
+        frame = job_runs(folder / "budget" / str(size) / "mlflow.db")
+        for _, run in frame.iterrows():
+
+            def metric(name: str, form: str, run=run) -> str:
+                value = run.get(f"metrics.{name}", math.nan)
+                return "-" if pd.isna(value) else format(value, form)
+
+            status = run["status"] + (f" ({run['tags.status']})" if not pd.isna(run.get("tags.status")) else "")
+            cells = [
+                f"{size}^3",
+                *(str(run.get(f"params.{name}", "-")) for name in ("amp", "model.checkpointing", "model.dsconv")),
+                status,
+                f"{run['params.batch_size']} x {run.get('params.accumulate', '-')}",
+                str(run.get("tags.cuda_graphs", "-")),
+                metric("perf/samples_per_s_median", ",.0f"),
+                metric("mem/peak_mb", ".0f"),
+                metric("mem/predicted_mb", ".0f"),
+                metric("perf/mfu", ".1%"),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def readings(folder: Path) -> list[tuple[Target, Reading | None]]:
     loops = read_jsonl(folder / "loops.jsonl")
 
@@ -200,6 +331,7 @@ def readings(folder: Path) -> list[tuple[Target, Reading | None]]:
         ("4 jobs sharing one GPU vs one graphed job", ">= 1.4x", at_least(1.4), share_ratio(folder)),
         ("fresh process start-up, model probed before", "<= 10 s", at_most(10), startup(folder)),
         ("12-job mission sweep, wall", "<= 60 s", at_most(60), wall(folder, "mission")),
+        *issue43(folder),
     ]
     return [(Target(name, goal, check), reading) for name, goal, check, reading in goals]
 
@@ -243,6 +375,8 @@ def main(argv: list[str] | None = None) -> None:
     print(table(args.folder))
     if parts := time_parts(args.folder):
         print(f"\n{parts}")
+    if budget := budget_table(args.folder):
+        print(f"\nThe 24 GiB budget's jobs (densenet121; batch_size=auto, effective batch 16):\n\n{budget}")
 
 
 if __name__ == "__main__":

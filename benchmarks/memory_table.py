@@ -4,6 +4,14 @@
     python -m benchmarks.memory_table --held-out                         # cells the constants were not fitted on
     python -m benchmarks.memory_table --stems --threads 1 --repeats 3    # 28^3, both stems, lowest of 3 readings
 
+On a GPU, ``--gpu-grid`` runs the zoo at 28, 64 and 128^3, bf16 and float32, several batches, graphed and eager, every
+cell in this one process (peak statistics reset, everything freed and the allocator's cache emptied between cells: a
+graph's private pool goes with its graph), one JSON line per cell (``--json``) and a Markdown table (``--markdown``)
+with each cell's ratio, marked within +-15% or not, and the graph pools' reserved bytes read from the allocator's
+snapshot (what the graphed terms of ``src/perf/memory.py`` are to be fitted on):
+
+    python -m benchmarks.memory_table --device cuda --gpu-grid --steps 6 --json memory.jsonl --markdown memory.md
+
 Each cell builds the model, loaders and ``Trainer`` with ``src.training.build.build_trainer`` as a run's rank
 does (real AdrenalMNIST3D, ``data.loader=tensor``), predicts with :func:`src.perf.memory.predict` as a run does,
 and runs
@@ -23,9 +31,13 @@ from __future__ import annotations
 import argparse
 import ctypes
 import dataclasses
+import gc
 import json
 import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,6 +70,16 @@ HELD_OUT = (  # other models, batches, optimizers, two epochs (fit's copy of the
 )
 
 
+# --gpu-grid: (data.size, batches) for each model, each cell at bf16 and float32, graphed and eager; sides MedMNIST
+# does not ship (128^3) from a NIfTI folder of its 64^3 volumes (benchmarks/nifti_adrenal.py --per-split), resampled
+GPU_MODELS = ("resnet18", "densenet121")
+GPU_SHAPES = ((28, (4, 16)), (64, (4, 16)), (128, (4,)))
+MEDMNIST_SIZES = (28, 64)
+NIFTI_PER_SPLIT = 32  # volumes of each split a --gpu-grid writes where no --nifti-root is given
+TOLERANCE = 0.15  # the predictor's goal: measured within 1 +- 15% of the prediction
+MIB = 2**20
+
+
 STEMS = tuple(  # 28^3 fp32, the small (MedMNIST) and the standard stem: resnet18's large weights against densenet121's
     f"model={model} data.size=28 model.stem={stem} batch_size={batch}"
     for model in ("resnet18", "densenet121")
@@ -84,9 +106,62 @@ def grid() -> list[list[str]]:
     ]
 
 
-def run_cell(overrides: list[str], trace: str | None = None) -> dict:
+def gpu_grid(models: tuple[str, ...], shapes=GPU_SHAPES, device: str = "cuda") -> list[list[str]]:
+    """Every model x size x batch x precision (``amp``) x step (graphed, eager; eager only on a CPU, which never
+    graphs)."""
+    graphs = (True, False) if device == "cuda" else (False,)
+    return [
+        [
+            f"model={model}",
+            f"data.size={size}",
+            "model.stem=standard",
+            f"batch_size={batch}",
+            f"amp={str(amp).lower()}",
+            f"cuda_graphs={str(graphed).lower()}",
+        ]
+        for model in models
+        for size, batches in shapes
+        for batch in batches
+        for amp in (True, False)
+        for graphed in graphs
+    ]
+
+
+def graph_pools() -> dict[str, float]:
+    """The CUDA allocator's segments outside its default pool (graphs' private pools): reserved and allocated MiB."""
+    import torch
+
+    pools = [seg for seg in torch.cuda.memory_snapshot() if tuple(seg.get("segment_pool_id", (0, 0))) != (0, 0)]
+    return {
+        "pool_reserved_mb": sum(seg["total_size"] for seg in pools) / MIB,
+        "pool_allocated_mb": sum(seg["allocated_size"] for seg in pools) / MIB,
+    }
+
+
+def run_in_process(overrides: list[str], device: str) -> dict:
+    """One cell in this process (``--gpu-grid``): on CUDA what earlier cells left allocated is read first
+    (``leftover_mb``: the measured peak includes it), the graph pools after training; then everything is freed and the
+    allocator's cache emptied. A cell that fails is a record with its ``error``, and the grid goes on."""
+    import torch
+
+    cuda = device == "cuda"
+    leftover = torch.cuda.memory_allocated() / MIB if cuda else 0.0
+    start, pools = time.perf_counter(), {}
+    try:
+        result = run_cell(overrides, inspect=lambda trainer: pools.update(graph_pools() if cuda else {}))
+    except Exception as err:  # an out of memory, a capture that fails: the cell's record says so
+        result = {"error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}
+    gc.collect()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    return result | pools | {"leftover_mb": leftover, "seconds": round(time.perf_counter() - start, 1)}
+
+
+def run_cell(overrides: list[str], trace: str | None = None, inspect: Callable[[object], None] | None = None) -> dict:
     """Train in this process as ``run_rank`` does; the prediction and the ``mem/peak_mb`` the run logs. ``trace``: the
-    file ``benchmarks/malloc/trace.so`` (preloaded) writes the allocations to from ``memory.start()`` on."""
+    file ``benchmarks/malloc/trace.so`` (preloaded) writes the allocations to from ``memory.start()`` on; ``inspect``
+    is called with the trainer after training."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
@@ -111,10 +186,15 @@ def run_cell(overrides: list[str], trace: str | None = None) -> dict:
     trainer.fit(lambda metrics, step: logged.append(metrics))
     if trace:
         ctypes.CDLL(None).malloc_trace_off()
+    if inspect:
+        inspect(trainer)
     last = [metrics for metrics in logged if "mem/peak_mb" in metrics][-1]
     return {
         "prediction": dataclasses.asdict(prediction),
         "measured_mb": last["mem/peak_mb"],
+        **({"peak_reserved_mb": last["mem/peak_reserved_mb"]} if "mem/peak_reserved_mb" in last else {}),
+        "graphed": execution.graphed,
+        "dtype": execution.dtype_name,
         "perf": {key: value for key, value in last.items() if key.startswith("perf/")},
     }
 
@@ -146,6 +226,114 @@ def row(overrides: list[str], result: dict) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+GPU_COLUMNS = (
+    "model",
+    "size",
+    "batch",
+    "dtype",
+    "step",
+    "predicted MiB",
+    "of it graphed terms MiB",
+    "measured MiB",
+    "reserved MiB",
+    "graph pools reserved MiB",
+    "ratio",
+    "within +-15%",
+)
+
+
+def gpu_row(record: dict) -> str:
+    """A ``--gpu-grid`` table row from a cell's record; a failed cell says why."""
+    from src.perf.memory import GRAPHED
+
+    values = dict(item.split("=", 1) for item in record["cell"])
+    amp = "bf16/fp16 (amp)" if values["amp"] == "true" else "float32"
+    head = [values["model"], f"{values['data.size']}^3", values["batch_size"]]
+    if "error" in record:
+        step = "graphed" if values.get("cuda_graphs") == "true" else "eager"
+        return "| " + " | ".join([*head, amp, step, f"error: {record['error']}", *[""] * 6]) + " |"
+    prediction = record["prediction"]
+    graphed = sum(prediction.get(term, 0) for term in ("static_inputs_mb", *GRAPHED))
+    ratio = record["measured_mb"] / prediction["total_mb"]
+    cells = [
+        *head,
+        record["dtype"],
+        prediction["step"],
+        f"{prediction['total_mb']:.0f}",
+        f"{graphed:.0f}",
+        f"{record['measured_mb']:.0f}",
+        f"{record['peak_reserved_mb']:.0f}" if "peak_reserved_mb" in record else "-",
+        f"{record.get('pool_reserved_mb', 0):.0f}",
+        f"{ratio:.2f}",
+        "yes" if within(ratio) else "**no**",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def within(ratio: float) -> bool:
+    return 1 - TOLERANCE <= ratio <= 1 + TOLERANCE
+
+
+def gpu_summary(records: list[dict]) -> str:
+    """How many cells are within +-15%, graphed and eager apart, and how many failed."""
+    parts = []
+    for step in ("graphed", "eager"):
+        done = [r for r in records if "error" not in r and r["prediction"]["step"] == step]
+        if done:
+            ratios = [r["measured_mb"] / r["prediction"]["total_mb"] for r in done]
+            inside = sum(within(ratio) for ratio in ratios)
+            parts.append(f"{step}: {inside} of {len(done)} within +-15% (ratios {min(ratios):.2f}-{max(ratios):.2f})")
+    failed = sum("error" in r for r in records)
+    return "; ".join(parts) + (f"; {failed} cells failed" if failed else "")
+
+
+def parse_shapes(text: list[str]) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """``28:4,16 128:4`` as ``((28, (4, 16)), (128, (4,)))``."""
+    pairs = (item.split(":") for item in text)
+    return tuple((int(size), tuple(int(batch) for batch in batches.split(","))) for size, batches in pairs)
+
+
+def nifti_data(root: str, size: int) -> list[str]:
+    """The overrides that train on the NIfTI folder of AdrenalMNIST3D's 64^3 volumes (1 mm) at ``size``: resampled to
+    keep the field of view."""
+    spacing = 64 / size
+    return ["data=nifti", f"data.root={root}", f"data.spacing=[{spacing:g},{spacing:g},{spacing:g}]",
+            "data.classes=[normal,hyperplasia]"]  # fmt: skip
+
+
+def write_nifti(out: Path, per_split: int) -> None:
+    """AdrenalMNIST3D's first ``per_split`` 64^3 volumes of each split as a NIfTI folder (nifti_adrenal.py)."""
+    script = ROOT / "benchmarks" / "nifti_adrenal.py"
+    subprocess.run([sys.executable, str(script), "--out", str(out), "--per-split", str(per_split)], check=True)
+
+
+def run_gpu_grid(args: argparse.Namespace, common: list[str], adrenal: list[str]) -> None:
+    """``--gpu-grid``: every cell in this process, a JSON line each as it ends, the table and its summary."""
+    records = []
+    lines = ["| " + " | ".join(GPU_COLUMNS) + " |", "|---" * len(GPU_COLUMNS) + "|"]
+    print("\n".join(lines), flush=True)
+    shapes = parse_shapes(args.sizes)
+    with tempfile.TemporaryDirectory(prefix="memory_table_") as scratch:
+        nifti = args.nifti_root
+        if nifti is None and any(size not in MEDMNIST_SIZES for size, _ in shapes):
+            nifti = str(Path(scratch) / "adrenal_nifti")
+            write_nifti(Path(nifti), NIFTI_PER_SPLIT)
+        for cell in gpu_grid(tuple(args.models), shapes, args.device):
+            size = int(dict(item.split("=", 1) for item in cell)["data.size"])
+            data = adrenal if size in MEDMNIST_SIZES else nifti_data(nifti, size)
+            record = {"cell": cell, **run_in_process([*data, *common, *cell], args.device)}
+            records.append(record)
+            if args.json:
+                with open(args.json, "a") as out:
+                    out.write(json.dumps(record) + "\n")
+            lines.append(gpu_row(record))
+            print(lines[-1], flush=True)
+    lines += ["", gpu_summary(records)]
+    print(lines[-1], flush=True)
+    if args.markdown:
+        Path(args.markdown).write_text("\n".join(lines) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-root", default=str(DATA_ROOT))
@@ -156,17 +344,27 @@ def main() -> None:
     parser.add_argument("--stems", action="store_true", help="the 28^3 small/standard stem cells instead of the grid")
     parser.add_argument("--repeats", type=int, default=1, help="fresh processes per cell; the lowest reading is kept")
     parser.add_argument("--trace", help="with --cell: write its allocations here (benchmarks/malloc/trace.so)")
+    parser.add_argument("--gpu-grid", action="store_true", help="the GPU grid, every cell in this process")
+    parser.add_argument("--models", nargs="+", default=list(GPU_MODELS), help="--gpu-grid: the models")
+    parser.add_argument(
+        "--sizes",
+        nargs="+",
+        default=[f"{size}:{','.join(map(str, batches))}" for size, batches in GPU_SHAPES],
+        help="--gpu-grid: SIZE:BATCH,BATCH... each",
+    )
+    parser.add_argument(
+        "--nifti-root", help="--gpu-grid: the NIfTI folder of nifti_adrenal.py for sizes past 64 (default: one written)"
+    )
+    parser.add_argument("--json", help="--gpu-grid: append each cell's record here, a JSON line")
+    parser.add_argument("--markdown", help="--gpu-grid: write the table here")
     parser.add_argument("--cell", nargs=argparse.REMAINDER, help="run one cell with these overrides, print JSON")
     args = parser.parse_args()
-    fixed = [
-        "data=adrenalmnist3d",
-        f"data.root={args.data_root}",
-        "data.download=false",
-        f"device={args.device}",
-        f"num_threads={args.threads}",
-        f"limit_batches={args.steps}",
-        "epochs=1",
-    ]
+    adrenal = ["data=adrenalmnist3d", f"data.root={args.data_root}", "data.download=false"]
+    common = [f"device={args.device}", f"num_threads={args.threads}", f"limit_batches={args.steps}", "epochs=1"]
+    fixed = adrenal + common
+    if args.gpu_grid:
+        run_gpu_grid(args, common, adrenal)
+        return
     if args.trace and not hasattr(ctypes.CDLL(None), "malloc_trace_on"):
         sys.exit("error: --trace needs LD_PRELOAD=benchmarks/malloc/trace.so (build it as the module docstring says)")
     if args.cell is not None:

@@ -3,6 +3,9 @@
 import sys
 
 from src.errors import stop_while_importing
+from src.redaction import redact_output
+
+redact_output()  # every log record and uncaught traceback of any process that imports src: secrets as ***
 
 if sys.argv[:1] == ["-m"]:  # python -m src.<command> is importing its package: Ctrl-C in the imports is one line
     stop_while_importing()

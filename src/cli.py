@@ -5,6 +5,7 @@ the command starts."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import hydra
+import yaml
 from hydra._internal.utils import get_args_parser
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
@@ -27,9 +29,18 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
 from src.config import Config, store_schema
+from src.config.bounded import load_yaml
 from src.errors import UsageError, exit_with, one_line
 from src.folders import register_fresh, release_claimed, release_refused
-from src.schema_check import check_known_keys, check_values, composition_error
+from src.parallel.preemption import HANGUP
+from src.redaction import conceal_arguments
+from src.schema_check import (
+    check_known_keys,
+    check_values,
+    composition_error,
+    list_index_error,
+    unreadable_override,
+)
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 FULL_ERROR = "HYDRA_FULL_ERROR"  # "1": Hydra raises its errors instead of printing them and exiting 1
@@ -67,11 +78,15 @@ def command(
 
 def register(zoo: bool = True) -> None:
     """What ``conf/`` composes on, each registered by its owner: the schema (:func:`src.config.store_schema`),
-    ``${fresh:<folder>}`` (:func:`src.folders.register_fresh`); with ``zoo`` (``conf/config.yaml`` needs it, the report
+    ``${fresh:<folder>}`` (:func:`src.folders.register_fresh`), ``hydra/launcher=submitit_slurm``'s launcher among
+    Hydra's plugins (:func:`src.jobs.slurm.register_launcher`); with ``zoo`` (``conf/config.yaml`` needs it, the report
     does not: it spares the report importing torch), the model zoo, whose import stores the ``model`` group's options
     and registers ``${models:}`` (:mod:`src.models.registry`)."""
     store_schema()
     register_fresh()
+    from src.jobs.slurm import register_launcher  # no MLflow, no torch
+
+    register_launcher()
     if zoo:
         import src.models  # noqa: F401
 
@@ -98,20 +113,42 @@ def reporting_composition_errors(
     hydra_main: Callable[..., Any], config_name: str, sweeps: bool = True
 ) -> Callable[..., Any]:
     """Hydra prints a failed composition over several lines and exits 1: make it one ``error:`` line, exit 2; Ctrl-C
-    outside a job one line, exit 130, not a traceback. With ``HYDRA_FULL_ERROR=1`` set by the user, Hydra's own report
-    stands. At the end, the folders the command claimed and left as Hydra made them go (:func:`release_claimed`)."""
+    outside a job one line, exit 130, not a traceback (SIGTERM and SIGHUP: 143 and 129). With ``HYDRA_FULL_ERROR=1``
+    set by the user, Hydra's own report stands. A secret in an override's URI is concealed first
+    (:func:`conceal_arguments`). At the end, the folders the command claimed and left as Hydra made them go
+    (:func:`release_claimed`)."""
 
     @functools.wraps(hydra_main)
     def run(*args: Any) -> Any:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # src's, while the command's modules were imported
+        for signum in (signal.SIGTERM, *HANGUP):  # not their default: the command's cleanup (temp files) runs
+            signal.signal(signum, raise_stopped)
+        sys.argv[1:] = conceal_arguments(sys.argv[1:])  # a secret in a URI: *** in all Hydra saves, logs and hands on
         try:
             if os.environ.get(FULL_ERROR) == "1":
                 return hydra_main(*args)
             return one_line_errors(hydra_main, config_name, sweeps, *args)
+        except Stopped as stop:  # outside a job (a job checkpoints, then exits 128 + the signal itself)
+            print(f"stopped ({signal.Signals(stop.signum).name})", file=sys.stderr)
+            sys.exit(128 + stop.signum)
         finally:
             release_claimed()
 
     return run
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGHUP outside a job: raised in the main thread, as Ctrl-C raises :class:`KeyboardInterrupt`, so
+    that what the command was doing ends as an exception ends it (an atomic write's temp file removed, a claimed folder
+    released) rather than at once; a ``BaseException``: no ``except Exception`` takes it for a failure."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def raise_stopped(signum: int, frame: Any) -> NoReturn:
+    raise Stopped(signum)
 
 
 def one_line_errors(hydra_main: Callable[..., Any], config_name: str, sweeps: bool, *args: Any) -> Any:
@@ -130,6 +167,10 @@ def one_line_errors(hydra_main: Callable[..., Any], config_name: str, sweeps: bo
         exit_with(err)
     except (HydraException, OmegaConfBaseException) as err:  # a search path, a sweep, an interpolation of the input
         exit_with(one_line(err))
+    except ValueError as err:  # OmegaConf's, on a list's element named, not numbered (tags.x=a)
+        if (line := list_index_error(err, sys.argv[1:])) is None:
+            raise
+        exit_with(UsageError(line))
     except OverflowError:  # OmegaConf's, converting an int past the float range (309 digits or more) to a float
         keys = [arg.partition("=")[0] for arg in sys.argv[1:] if re.search(r"\d{309}", arg)]
         exit_with(UsageError(f"{', '.join(keys) or 'a value'}: a number past the float range: give one below 1e308"))
@@ -192,9 +233,24 @@ def hydra_arguments(argv: list[str], own: str) -> list[str]:
         )
     if parsed.experimental_rerun is not None:
         refuse("--experimental-rerun: use rerun=<MLflow run id>, which trains a logged run's config again")
+    if parsed.config_dir is not None:
+        check_chosen_files(Path(parsed.config_dir), parsed.overrides)
     if parsed.shell_completion:
         shell_completion(parsed.overrides)
     return ordered
+
+
+def check_chosen_files(folder: Path, overrides: list[str]) -> None:
+    """The files of ``--config-dir`` the overrides choose (``experiment=<name>``: ``experiment/<name>.yaml``) loaded
+    within an untrusted YAML's limits (:func:`load_yaml`) before Hydra composes them, unbounded: an alias bomb in an
+    experiment file hung the command. One Hydra cannot load otherwise is Hydra's to name."""
+    for text in overrides:
+        key, _, values = text.lstrip("+~").partition("=")
+        for value in values.split(","):
+            path = folder / key.replace(".", "/") / f"{value}.yaml"
+            with contextlib.suppress(OSError, yaml.YAMLError):  # absent, or not a file: Hydra names it
+                if path.is_file():
+                    load_yaml(path)
 
 
 def check_override_values(overrides: list[str]) -> None:
@@ -206,8 +262,10 @@ def check_override_values(overrides: list[str]) -> None:
             override = parser.parse_override(text)
             if override.is_sweep_override() and isinstance(override.value(), RangeSweep):
                 next(iter(override.sweep_string_iterator()), None)
-        except OverrideParseException:  # Hydra's composition reports it
+        except OverrideParseException:  # read, then refused by Hydra's check of it: its composition reports it
             continue
+        except HydraException as err:  # the grammar cannot read it (an unquoted non-ASCII value): Hydra named neither
+            raise UsageError(unreadable_override(text) or f"cannot parse the override {text}: {err}") from None
         except ValueError as err:
             key = text.partition("=")[0]
             raise UsageError(f"{key}: {str(err).partition(';')[0]}: give a value in the key's range") from None

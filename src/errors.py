@@ -7,6 +7,8 @@ import signal
 import sys
 from typing import Any, NoReturn
 
+from src.redaction import redact
+
 
 class UsageError(Exception):
     """A bad value in the user's config or environment; the message names the value and the fix."""
@@ -28,8 +30,8 @@ def one_line(err: Exception) -> UsageError:
 
 
 def exit_with(err: UsageError) -> NoReturn:
-    """End the command on ``err``: its one ``error:`` line on stderr, exit code 2."""
-    print(f"error: {err}", file=sys.stderr)
+    """End the command on ``err``: its one ``error:`` line on stderr (a secret in it as ``***``), exit code 2."""
+    print(f"error: {redact(str(err))}", file=sys.stderr)
     sys.exit(2)
 
 

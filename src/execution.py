@@ -1,8 +1,8 @@
 """How a job's steps execute on this machine, decided once: :class:`Execution`, resolved from the config and the
 machine when the job is planned and read by every part that depends on it (the trainer, the memory predictor, the
 dry run's timing, MFU, the run's tags, through them the report). Nothing else decides the device, the compute
-dtype, CUDA graphs, the DDP backend or the threads; a decision that cannot run here raises :class:`UsageError`
-before any work starts. docs/architecture.md."""
+dtype, CUDA graphs, the DDP backend, the threads or whether the job may train fused with others of its sweep; a
+decision that cannot run here raises :class:`UsageError` before any work starts. docs/architecture.md."""
 
 from __future__ import annotations
 
@@ -38,6 +38,8 @@ class Execution:
     threads: int
     channels_last: bool
     checkpointing: bool
+    fuse: bool = False  # the job may train fused with same-shape jobs of its sweep (docs/fused.md)
+    alone_because: str = "fuse=false"  # why it trains alone ("" where it may fuse)
 
     @property
     def autocast(self) -> torch.dtype | None:
@@ -56,13 +58,25 @@ class Execution:
         """The same execution on another device of the job (a rank's GPU)."""
         return dataclasses.replace(self, device=device)
 
+    def alone(self, because: str) -> Execution:
+        """The same execution training the job by itself, and why (its sweep gave it no group: docs/fused.md)."""
+        return dataclasses.replace(self, fuse=False, alone_because=because)
+
     def tags(self) -> dict[str, str]:
         """The run's tags that record it: ``amp.dtype``, ``device``, ``num_threads``, ``cuda_graphs`` and, for eager
-        steps, ``cuda_graphs.eager_because``."""
+        steps, ``cuda_graphs.eager_because``; ``fuse=false`` and ``fuse.alone_because`` for a job that trains by itself
+        (a member of a fused group: ``fuse=true`` and its group, tagged by :mod:`src.jobs.fuse`)."""
         graphs = {"cuda_graphs": "true"} if self.graphed else {"cuda_graphs": "false"}
         if not self.graphed:
             graphs["cuda_graphs.eager_because"] = self.eager_because
-        return {"amp.dtype": self.dtype_name, "device": str(self.device), "num_threads": str(self.threads), **graphs}
+        fused = {"fuse": "true"} if self.fuse else {"fuse": "false", "fuse.alone_because": self.alone_because}
+        return {
+            "amp.dtype": self.dtype_name,
+            "device": str(self.device),
+            "num_threads": str(self.threads),
+            **graphs,
+            **fused,
+        }
 
 
 def validate(
@@ -84,6 +98,7 @@ def resolve(cfg: Config, external: dist.Rank | None = None, resumed_threads: int
     dtype, dtype_because = compute_dtype(cfg, device)
     check_parallel(cfg, device)
     graphed, eager_because = cuda_graphs(cfg, device, dtype)
+    fuse, alone_because = fusing(cfg, device)
     ranks = ranks_on_node(cfg, device, external)
     return Execution(
         device=device,
@@ -96,6 +111,8 @@ def resolve(cfg: Config, external: dist.Rank | None = None, resumed_threads: int
         threads=cfg.num_threads or resumed_threads or thread_count(ranks),
         channels_last=cfg.channels_last,
         checkpointing=cfg.model.checkpointing,
+        fuse=fuse,
+        alone_because=alone_because,
     )
 
 
@@ -164,6 +181,41 @@ def graph_blocker(cfg: Config, device: torch.device, dtype: torch.dtype) -> str 
         "float16 autocast (its GradScaler checks for inf on the host each step)": dtype == torch.float16,
         "optim=sgd (captured only with adam and adamw yet)": cfg.optim.name is OptimName.sgd,
         "model.checkpointing (recomputation under capture is not measured yet)": cfg.model.checkpointing,
+    }
+    return next((blocker for blocker, found in blockers.items() if found), None)
+
+
+def fusing(cfg: Config, device: torch.device) -> tuple[bool, str]:
+    """Whether the job may train fused with the same-shape jobs of its sweep, and if not, why. ``auto``: on CUDA,
+    where nothing in the step keeps it apart (on the CPU a stacked step does the work of its members one after another
+    on the same cores: nothing to gain); ``true``: there, on the CPU too, or a :class:`UsageError`; ``false``: never.
+    Which jobs fuse, and a group's own limits, :mod:`src.jobs.fuse` decides from the sweep's jobs."""
+    if cfg.fuse is False:
+        return False, "fuse=false"
+    blocker = fuse_blocker(cfg)
+    if blocker is None and (cfg.fuse is True or device.type == "cuda"):
+        return True, ""
+    if cfg.fuse is True:
+        raise UsageError(f"fuse=true cannot run here: {blocker}; use fuse=auto or false")
+    return False, blocker or (
+        "fuse=auto fuses on CUDA only: on the CPU a fused step does its members' work one after another on the same "
+        "cores (fuse=true fuses here too)"
+    )
+
+
+def fuse_blocker(cfg: Config) -> str | None:
+    """What in the config keeps the job from training as a member of a stacked model: the first found, or None."""
+    blockers = {
+        "parallel=ddp or dp (a fused group trains in one process on one device)": cfg.parallel.mode
+        is not ParallelMode.none,
+        "compile=true (torch.compile of a vmapped step is not measured yet)": cfg.compile,
+        "model.checkpointing (recomputation under vmap is not measured yet)": cfg.model.checkpointing,
+        "channels_last (the stacked step runs in the contiguous format)": cfg.channels_last,
+        "oom_retry (a group cannot halve one member's micro-batch)": cfg.oom_retry,
+        "batch_size=auto (its probe fits one job in memory, not a group)": cfg.batch_size == "auto",
+        "fault.* (test faults act on a job's own process)": cfg.fault.kill_rank is not None
+        or cfg.fault.term_step is not None
+        or cfg.fault.oom_step is not None,
     }
     return next((blocker for blocker, found in blockers.items() if found), None)
 

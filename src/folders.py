@@ -21,7 +21,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from src.atomic import is_temporary
+from src.atomic import is_temporary, remove_stale
 from src.errors import UsageError, exit_with, first_few, one_line
 
 log = logging.getLogger(__name__)
@@ -185,7 +185,8 @@ def follower_rank() -> bool:
 class RunFolder(Callback):
     """Hydra callback: a run's folder (``hydra.run.dir``) it cannot write is one ``error:`` line before Hydra makes
     it (a sweep's folder: :class:`src.jobs.sweep.Sweep`); with ``run=False`` (a command that writes nothing there,
-    whose folder is ``.``) only one that does not exist and cannot be made."""
+    whose folder is ``.``) only one that does not exist and cannot be made. A given folder not there yet is claimed
+    as ``${fresh:...}`` claims the default one: a command refused before any run leaves neither behind."""
 
     def __init__(self, run: bool = True) -> None:
         self.run = run
@@ -200,6 +201,8 @@ class RunFolder(Callback):
             if self.run or not folder.is_dir():
                 writable(folder, what)
             check_hydra_files(config.hydra, folder)
+            if self.run and not follower_rank() and (made := missing(folder.absolute())):
+                CLAIMED.setdefault(folder.absolute(), made)  # Hydra makes it now: a refused command removes it
         except UsageError as err:
             exit_with(err)
         except OmegaConfBaseException as err:  # hydra.run.dir=${oc.env:UNSET}: Hydra warns of it, then fails anew
@@ -209,7 +212,8 @@ class RunFolder(Callback):
 @contextlib.contextmanager
 def held(folder: Path, what: str, fix: str) -> Iterator[None]:
     """Hold ``folder`` (an exclusive ``flock`` on its lock file) for the block; a :class:`UsageError` naming the
-    holder's pid and ``fix`` when another process holds it. The lock ends with the process, however it ends."""
+    holder's pid and ``fix`` when another process holds it. The lock ends with the process, however it ends. Held,
+    the folder's temp files of writes whose process is gone are removed (:func:`src.atomic.remove_stale`)."""
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / LOCK_FILE, "a+") as handle:
         try:
@@ -226,6 +230,7 @@ def held(folder: Path, what: str, fix: str) -> Iterator[None]:
         handle.truncate(0)
         handle.write(str(os.getpid()))
         handle.flush()
+        remove_stale(folder)  # what writes of a process killed outright (SIGKILL) left here: 0.5 GB a checkpoint
         yield
 
 

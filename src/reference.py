@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from src.cli import CONF_DIR, register
 from src.config import Config, ReportConfig
+from src.config.bounded import load_yaml
 from src.config.reference import blocks_in, key_table, value_text, with_blocks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,7 +34,7 @@ def models() -> str:
     """The zoo's models, in the registry's order, the default model marked."""
     from src.models import MODELS  # the zoo: importing it registers every model
 
-    default = OmegaConf.load(Path(CONF_DIR) / "config.yaml").defaults
+    default = load_yaml(Path(CONF_DIR) / "config.yaml").defaults
     chosen = next(entry["model"] for entry in default if isinstance(entry, DictConfig) and "model" in entry)
     names = [f"`{name}`{' (default)' if name == chosen else ''}" for name in MODELS]
     return f"{len(MODELS)} registered (`src/models/registry.py`): {' '.join(names)}"
@@ -46,7 +47,7 @@ def presets() -> str:
         sweeper = preset_sweeper(path.stem)
         params = OmegaConf.to_container(sweeper.params, resolve=True)
         swept = " x ".join(f"`{key}={value}`" for key, value in params.items())
-        own = OmegaConf.to_container(OmegaConf.load(path))
+        own = OmegaConf.to_container(load_yaml(path))
         own.pop("defaults", None), own.pop("hydra", None)
         sets = " ".join(f"`{key}={value_text(value)}`" for key, value in dotted(own).items())
         if sweeper._target_.endswith(".BasicSweeper"):

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
+import shlex
+import unicodedata
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from antlr4.error.Errors import LexerNoViableAltException
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import MissingConfigException, OverrideParseException
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import (
     ConfigAttributeError,
@@ -27,6 +31,9 @@ from omegaconf.errors import (
 from src.errors import UsageError, one_line
 
 HYDRA_NODE = "hydra"  # Hydra's own settings beside the schema (in a callback's config): Hydra checks them
+GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
+DELIMITERS = ",[]{}():'\"="  # what ends an element of a value in Hydra's grammar: a list's, a sweep's, a dict's
+SHELL_SPECIAL = "$`\\!"  # what a shell expands inside double quotes: an override holding one is quoted otherwise
 
 
 def schema_fields(node: Any) -> list[str] | None:
@@ -120,6 +127,113 @@ def _check_path(cfg: DictConfig, key: str, overrides: Sequence[str]) -> None:
         node = node._get_node(part)
 
 
+def unreadable_override(text: str) -> str | None:
+    """Why Hydra's override grammar cannot read a character of the override ``text``, as one line naming it and the
+    fix; None where it reads them all (its other errors: Hydra's own message). Unquoted, a value takes ASCII letters,
+    digits and a few signs only: a character outside them (any non-ASCII one: ``tags.x=模型``, ``résumé``, a
+    no-break space; ``;``, ``#``, ``&`` ...) is read in quotes, so the line gives the override with that element
+    quoted, as a shell passes it on. Hydra said only ``token recognition error at: '模'``."""
+    try:
+        OverridesParser.create().parse_override(text)
+    except OverrideParseException:  # read, then refused by Hydra's own check of the override: composition says why
+        return None
+    except HydraException as err:
+        return unreadable(text, err)
+    return None
+
+
+def unreadable(text: str, err: HydraException) -> str | None:
+    cause, key_end = err.__cause__, text.find("=")
+    at = cause.startIndex if isinstance(cause, LexerNoViableAltException) else None
+    if at is None or not 0 <= at < len(text):  # a parser's error: Hydra's own message
+        return None
+    char = text[at]
+    plain = char.isprintable() and not char.isspace() and unicodedata.category(char) not in ("Mn", "Me")
+    shown = f"{char!r}" if plain else unicodedata.name(char, "a character")
+    shown += f" (U+{ord(char):04X})"
+    if char in "'\"":  # an apostrophe in a word (l'été) opens a string the value does not close
+        key, _, value = text.partition("=")
+        mark = "'" if char == '"' else '"'
+        fixed = f"{key}={mark}{value}{mark}"
+        if key_end < at and mark not in value and reads(fixed):
+            return (
+                f"{text}: {shown} opens a quoted string in Hydra's override grammar, which the value does not close: "
+                f"quote the value: {shell_quoted(fixed)}"
+            )
+        return None
+    if key_end < 0 or at < key_end:
+        return (
+            f"{text}: a key is ASCII letters, digits, '_', '-' and '.', and {shown} is not one: check its spelling "
+            "(docs/configuration.md lists every key)"
+        )
+    rule = (
+        f"takes only ASCII in an unquoted value, and {shown} is not"
+        if not char.isascii()
+        else f"takes {shown} only in a quoted value"
+    )
+    fix = quoted_element(text, at, key_end)
+    if fix is None:
+        return f"{text}: Hydra's override grammar {rule}: quote the value (see {GRAMMAR})"
+    ascii_form = unicodedata.normalize("NFKC", text)  # a full-width digit, a no-break space: as typed in ASCII
+    plain = f", or type it in ASCII: {shell_quoted(ascii_form)}" if ascii_form.isascii() and reads(ascii_form) else ""
+    return f"{text}: Hydra's override grammar {rule}: quote it: {shell_quoted(fix)}{plain}"
+
+
+def list_index_error(err: ValueError, overrides: Sequence[str]) -> str | None:
+    """The line of an override whose key names an element of a list (``tags.x=a``: ``tags`` is a list of names),
+    which OmegaConf fails on in a traceback (``invalid literal for int() ...: 'x'``); None for another error."""
+    found = re.fullmatch(r"invalid literal for int\(\) with base 10: '(.*)'", str(err))
+    if not found:
+        return None
+    for override in overrides:
+        parts = override.partition("=")[0].lstrip("+~").split(".")
+        if found[1] in parts[1:]:
+            where = ".".join(parts[: parts.index(found[1], 1)])
+            return (
+                f"{override}: {where} is a list, its elements numbered ({where}.0, {where}.1 ...), none named "
+                f"{found[1]!r}: give the whole list, {where}=[...]"
+            )
+    return None
+
+
+def shell_quoted(override: str) -> str:
+    """``override`` as a shell passes it on unchanged: in double quotes (its own ``"`` escaped), or quoted by
+    :func:`shlex.quote` where it holds what a shell expands inside them."""
+    if set(override) & set(SHELL_SPECIAL):
+        return shlex.quote(override)
+    escaped = override.replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+def reads(override: str) -> bool:
+    """Whether Hydra's override grammar reads ``override``."""
+    try:
+        OverridesParser.create().parse_override(override)
+    except HydraException:
+        return False
+    return True
+
+
+def quoted_element(text: str, at: int, key_end: int) -> str | None:
+    """``text`` with the element of its value that holds position ``at`` quoted (``tags=[a,'模型']``), where Hydra
+    then reads it; None where it does not."""
+    start = at
+    while start > key_end + 1 and text[start - 1] not in DELIMITERS:
+        start -= 1
+    end = at
+    while end < len(text) and text[end] not in DELIMITERS:
+        end += 1
+    element = text[start:end].strip()
+    if not element:
+        return None
+    start = text.index(element, start)
+    mark = "'" if "'" not in element else '"' if '"' not in element else None
+    if mark is None:
+        return None
+    fixed = f"{text[:start]}{mark}{element}{mark}{text[start + len(element) :]}"
+    return fixed if reads(fixed) else None
+
+
 def composition_error(err: Exception, overrides: Sequence[str]) -> str:
     """Hydra's composition error as one line naming the bad value and the fix."""
     if isinstance(err, MissingConfigException) and err.options and "/" in (err.missing_cfg_file or ""):
@@ -128,6 +242,8 @@ def composition_error(err: Exception, overrides: Sequence[str]) -> str:
     cause = err.__cause__
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and dataclasses.is_dataclass(cause.object_type):
         return unknown_key_message(cause.full_key, cause.object_type, overrides)  # an override of no schema key
+    if isinstance(err, OverrideParseException) and (unread := unreadable_override(err.override)):
+        return unread
     texts = [f"cannot parse the override {err.override}"] if isinstance(err, OverrideParseException) else []
     texts += [str(err)] + ([str(cause)] if isinstance(cause, OmegaConfBaseException) else [])
     lines = [line for text in texts for line in text.split("Config search path:")[0].splitlines()]

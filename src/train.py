@@ -28,7 +28,7 @@ def train(cfg: DictConfig) -> float:
     otherwise a sweep goes on to its next job. A stop signal (SIGTERM, Ctrl-C) is honoured from the job's start.
     """
     with job_clock() as clock, Preemption().installed() as preemption:
-        from src.jobs.job import train_job  # MLflow and the job: once the config passed its checks
+        from src.jobs.fused_job import train_job  # MLflow and the job: once the config passed its checks
 
         clock.imported()
         return train_job(cfg, clock, preemption)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -136,6 +137,17 @@ def run_process(argv: list[str], timeout: int = 900, cwd: Path = ROOT, **popen: 
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
+def unprivileged(argv: list[str]) -> list[str]:
+    """``argv`` run without the capabilities that let root write whatever the file modes say (``setpriv``), so a
+    read-only folder is read-only to it as to any user; as another user, ``argv`` itself. Skips the test where
+    root has no ``setpriv``."""
+    if os.geteuid() != 0:
+        return argv
+    if shutil.which("setpriv") is None:
+        pytest.skip("root writes read-only folders, and setpriv (util-linux), which drops that, is not installed")
+    return ["setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all", "--", *argv]
+
+
 def kill_group(process: subprocess.Popen) -> None:
     """SIGKILL ``process``'s whole process group (it was started with ``start_new_session=True``) and reap it."""
     with contextlib.suppress(ProcessLookupError):
@@ -151,11 +163,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve_mlflow(backend_uri: str, folder: Path, tries: int = 5) -> Iterator[str]:
-    """A real ``mlflow server`` on ``backend_uri``, artifacts and log in ``folder``, on a free local port (another
-    port when the one picked was taken before the server bound it); its whole process group stopped at the end."""
+def serve_mlflow(backend_uri: str, folder: Path, tries: int = 5, port: int | None = None) -> Iterator[str]:
+    """A real ``mlflow server`` on ``backend_uri``, artifacts and log in ``folder``, on ``port`` (a server started
+    again where one was), else a free local port (another port when the one picked was taken before the server bound
+    it); its whole process group stopped at the end."""
+    given = port
     for _ in range(tries):
-        port, log_path = free_port(), folder / "server.log"
+        port, log_path = given or free_port(), folder / "server.log"
         with log_path.open("w") as log:
             server = subprocess.Popen(
                 [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_uri]
@@ -287,3 +301,50 @@ def only_run(uri: str) -> mlflow.entities.Run:
 def job_overrides(tmp_path: Path, store: str, shared_data: Path, *overrides: str) -> list[str]:
     """A job's overrides in ``small_run``, Hydra's own settings left out."""
     return [o for o in small_run(tmp_path, store, shared_data, *overrides) if not o.startswith("hydra.")]
+
+
+def start_command(folder: Path, *args: str, module: str = "src.train") -> tuple[subprocess.Popen, Path]:
+    """``python -m src.train ARGS`` in a session of its own (SIGHUP at its default), its output in
+    ``folder/command.log``: a test signals it once a line or a file says it is where the signal should land."""
+    folder.mkdir(parents=True, exist_ok=True)
+    log = folder / "command.log"
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0", "PYTHONPATH": path},
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
+        )
+    return process, log
+
+
+def wait_for_text(log: Path, text: str, process: subprocess.Popen, count: int = 1) -> None:
+    """Until ``log`` holds ``text`` ``count`` times; the process must not end first (a hang fails after 900 s)."""
+    deadline = time.monotonic() + 900  # seconds of work; minutes on a loaded machine
+    while log.read_text().count(text) < count:
+        assert process.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.05)
+
+
+def wait_for_path(folder: Path, pattern: str, process: subprocess.Popen) -> Path:
+    """The first path under ``folder`` that matches ``pattern`` (``glob``), once one exists: an atomic write's temp
+    file says the write is under way. Polled often: a write takes a fraction of a second."""
+    deadline = time.monotonic() + 900
+    while not (found := sorted(folder.glob(pattern))):
+        assert process.poll() is None, f"ended before {folder}/{pattern} appeared"
+        assert time.monotonic() < deadline, f"no {folder}/{pattern}"
+        time.sleep(0.002)
+    return found[0]
+
+
+def alias_bomb(levels: int = 9, width: int = 10) -> str:
+    """A YAML "billion laughs": each anchor a list of ``width`` aliases of the one before, ``width ** levels``
+    strings in all once expanded, in a few hundred bytes; ``epochs`` names the last."""
+    lines = [f"a0: &a0 [{', '.join(['lol'] * width)}]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * width)}]" for i in range(1, levels)]
+    return "\n".join([*lines, f"epochs: *a{levels - 1}", ""])

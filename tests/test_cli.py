@@ -13,11 +13,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from src.cli import hydra_arguments
 from src.errors import UsageError
 from src.training import checkpoint
-from tests.helpers import ROOT, run_cli, runs, small_run
+from tests.helpers import (
+    ROOT,
+    alias_bomb,
+    kill_group,
+    one_error_line,
+    run_cli,
+    runs,
+    small_run,
+    start_command,
+    wait_for_path,
+)
 
 
 @pytest.mark.parametrize(
@@ -198,6 +209,26 @@ def test_ctrl_c_while_the_command_imports_is_one_line():
     assert "| src.jobs.job" not in stderr  # stopped in the imports, before the job's code
 
 
+@pytest.mark.slow
+def test_sigterm_outside_a_job_ends_in_one_line_and_leaves_no_temp_file(tmp_path, store):
+    """SIGTERM while a sweep's main process generates the jobs' data, before any job: the signal's default ended the
+    command at once, silent, leaving the half-written data file's temp beside it."""
+    root = tmp_path / "data"
+    data = ("data=synthetic", f"data.root={root}", "data.size=64", "data.synthetic_samples=[800,100,100]")
+    args = ("-m", *data, "device=cpu", f"mlflow.tracking_uri={store}", f"hydra.sweep.dir={tmp_path}/sweep", "seed=0,1")
+    process, log = start_command(tmp_path, *args)
+    try:
+        wait_for_path(root, ".*.tmp", process)  # the data file is being written
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=600) == 143, log.read_text()[-3000:]
+    finally:
+        kill_group(process)
+    text = log.read_text()
+    assert text.splitlines()[-1] == "stopped (SIGTERM)" and "Traceback" not in text, text[-3000:]
+    assert list(root.iterdir()) == []  # no temp file, no half file
+    assert runs(store) == [] and not (tmp_path / "sweep").exists()
+
+
 @pytest.mark.parametrize(
     "argv,message",
     [
@@ -209,6 +240,60 @@ def test_a_value_hydra_fails_on_with_a_value_error_is_one_usage_error(argv, mess
     with pytest.raises(UsageError) as refused:  # was: Hydra's ValueError, a traceback and exit 1
         hydra_arguments(argv, "config")
     assert str(refused.value).startswith(message)
+
+
+@pytest.mark.parametrize(
+    "argv,line",
+    [
+        (
+            ["tags.x=模型"],
+            "tags.x=模型: Hydra's override grammar takes only ASCII in an unquoted value, and '模' (U+6A21)",
+        ),
+        (["mlflow.experiment=résumé"], "mlflow.experiment=résumé: Hydra's override grammar takes only ASCII"),
+        (["-m", "mlflow.experiment=a,résumé"], "mlflow.experiment=a,résumé: Hydra's override grammar"),
+        (["tags=[a,模型]"], "tags=[a,模型]: Hydra's override grammar takes only ASCII in an unquoted value"),
+        (
+            ["data.root=/tmp/x\u00a0y"],
+            "data.root=/tmp/x\u00a0y: Hydra's override grammar takes only ASCII in an unquoted",
+        ),
+    ],
+    ids=["tag", "name", "sweep", "list", "no-break-space"],
+)
+def test_an_unquoted_non_ascii_value_is_one_error_line_naming_the_override_and_its_quoted_form(argv, line):
+    """Hydra's lexer refused them as ``token recognition error at: '模'``, naming neither the override nor the fix."""
+    with pytest.raises(UsageError) as refused:
+        hydra_arguments(argv, "config")
+    message = str(refused.value)
+    assert message.startswith(line) and "\n" not in message, message
+    fix = re.search(r'quote it: "([^"]+)"', message)[1]  # the override to give, as the shell passes it on
+    parsed = OverridesParser.create().parse_override(fix)  # Hydra reads it, as the value that was meant
+    value = argv[-1].partition("=")[2]
+    assert fix.partition("=")[0] == argv[-1].partition("=")[0]
+    if parsed.is_sweep_override():
+        assert ",".join(getattr(v, "text", v) for v in parsed.value().list) == value  # a quoted element: its text
+    elif isinstance(parsed.value(), list):
+        assert f"[{','.join(parsed.value())}]" == value
+    else:
+        assert parsed.value() == value
+
+
+def test_a_non_ascii_key_is_one_error_line_naming_it():
+    with pytest.raises(UsageError) as refused:
+        hydra_arguments(["modèle=resnet10"], "config")
+    assert str(refused.value).startswith("modèle=resnet10: a key is ASCII letters, digits, '_', '-' and '.', and 'è'")
+
+
+@pytest.mark.slow
+def test_an_unquoted_non_ascii_override_ends_a_command_in_one_line_leaving_no_folder(tmp_path):
+    result = run_cli("-m", "tags.x=模型", "seed=0,1", cwd=tmp_path)  # was: error: token recognition error at: '模'
+    line = one_error_line(result)
+    assert line.startswith("error: tags.x=模型: ") and line.endswith("quote it: \"tags.x='模型'\""), line
+    quoted = run_cli("-m", "tags.x='模型'", "seed=0,1", cwd=tmp_path)  # as the line says: tags is a list, though
+    assert one_error_line(quoted) == (  # was: ValueError: invalid literal for int() with base 10: 'x', a traceback
+        "error: tags.x='模型': tags is a list, its elements numbered (tags.0, tags.1 ...), none named 'x': give the "
+        "whole list, tags=[...]"
+    )
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_swept_range_with_step_0_in_the_sweepers_params_is_one_error_line(tmp_path):
@@ -389,3 +474,23 @@ def test_a_run_folder_whose_interpolation_does_not_resolve_is_only_one_error_lin
         "\"Environment variable 'MEDSWEEP_UNSET_X' not found\""
     ]
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_an_experiment_file_holding_an_alias_bomb_is_one_line(tmp_path, store):
+    """``--config-dir <folder>`` holding ``experiment/<name>.yaml`` is how a recipe of one's own is given (a shared
+    folder, maybe): Hydra loads YAML unbounded, and an alias bomb there hung the command (its SIGTERM too)."""
+    (tmp_path / "recipes" / "experiment").mkdir(parents=True)
+    (tmp_path / "recipes" / "experiment" / "bomb.yaml").write_text("# @package _global_\n" + alias_bomb(levels=8))
+    result = run_cli(
+        "--config-dir",
+        str(tmp_path / "recipes"),
+        "experiment=bomb",
+        "dry_run=true",
+        f"mlflow.tracking_uri={store}",
+        f"hydra.run.dir={tmp_path}/run",
+        timeout=60,
+    )
+    assert one_error_line(result).startswith(
+        f"error: {tmp_path / 'recipes' / 'experiment' / 'bomb.yaml'} holds more than 20000 values once its YAML aliases"
+    )

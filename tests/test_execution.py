@@ -13,7 +13,7 @@ import torch
 from omegaconf import OmegaConf
 
 from src.errors import UsageError
-from src.execution import amp_dtype, compute_dtype, cpu_has_fast_bf16, cuda_graphs, resolve
+from src.execution import amp_dtype, compute_dtype, cpu_has_fast_bf16, cuda_graphs, fusing, resolve
 from src.jobs import dry_run
 from src.jobs.plan import plan_job
 from src.perf import memory, memory_cache
@@ -22,7 +22,16 @@ from tests.helpers import ROOT, compose_config, hydra_job, on_cpu, run_cli, runs
 
 CUDA = torch.device("cuda")  # only named: the decisions below read no CUDA state for these configs
 CPU = torch.device("cpu")
-DECISIONS = {"amp_dtype", "compute_dtype", "cuda_graphs", "graph_blocker", "ddp_backend", "thread_count"}
+DECISIONS = {
+    "amp_dtype",
+    "compute_dtype",
+    "cuda_graphs",
+    "graph_blocker",
+    "ddp_backend",
+    "thread_count",
+    "fusing",
+    "fuse_blocker",
+}
 MACHINE = {"_is_avx512_bf16_supported", "_is_amx_tile_supported", "is_bf16_supported"}
 
 
@@ -87,6 +96,41 @@ def test_on_the_cpu_auto_steps_eagerly_and_true_is_refused():
         graphs(config("cuda_graphs=true"), CPU)
 
 
+@pytest.mark.parametrize(
+    "overrides,because",
+    [
+        ((), None),
+        (("seed=3", "optim.lr=0.1", "ema_decay=0.9", "aug=standard", "label_smoothing=0.1", "sched=cyclic"), None),
+        (("parallel=ddp",), "parallel=ddp or dp"),
+        (("parallel=dp",), "parallel=ddp or dp"),
+        (("compile=true",), "compile=true"),
+        (("model.checkpointing=true",), "model.checkpointing"),
+        (("channels_last=true",), "channels_last"),
+        (("oom_retry=true",), "oom_retry"),
+        (("batch_size=auto",), "batch_size=auto"),
+        (("fault.term_step=2",), "fault.*"),
+    ],
+)
+def test_auto_fuses_on_cuda_unless_the_step_cannot_be_stacked_and_true_is_refused_there(overrides, because):
+    fused, why = fusing(config(*overrides), CUDA)
+    assert fused == (because is None) and why.startswith(because or "")
+    if because is not None:
+        with pytest.raises(UsageError, match=f"^fuse=true cannot run here: {because}.*; use fuse=auto or false$"):
+            fusing(config(*overrides, "fuse=true"), CUDA)
+    assert fusing(config(*overrides, "fuse=false"), CUDA) == (False, "fuse=false")
+
+
+def test_on_the_cpu_auto_keeps_jobs_apart_and_says_why_true_fuses_there():
+    fused, why = fusing(config(), CPU)
+    assert not fused and why.startswith("fuse=auto fuses on CUDA only")
+    assert fusing(config("fuse=true"), CPU) == (True, "")
+    execution = on_cpu(config("fuse=true"))
+    assert execution.fuse and execution.tags()["fuse"] == "true" and "fuse.alone_because" not in execution.tags()
+    alone = execution.alone("no other job of the sweep")
+    assert alone.tags()["fuse"] == "false" and alone.tags()["fuse.alone_because"] == "no other job of the sweep"
+    assert on_cpu(config()).tags()["fuse.alone_because"] == why
+
+
 def test_an_execution_is_what_its_run_is_tagged_with_and_travels_to_spawned_ranks():
     execution = on_cpu(config("num_threads=3", "amp=false", "channels_last=true", "parallel=ddp", "parallel.nproc=2"))
     assert execution.tags() == {
@@ -95,6 +139,8 @@ def test_an_execution_is_what_its_run_is_tagged_with_and_travels_to_spawned_rank
         "num_threads": "3",
         "cuda_graphs": "false",
         "cuda_graphs.eager_because": "CUDA graphs need a CUDA device (this run is on cpu)",
+        "fuse": "false",
+        "fuse.alone_because": "parallel=ddp or dp (a fused group trains in one process on one device)",
     }
     assert execution.backend == "gloo" and execution.ranks_on_node == 2
     assert execution.autocast is None and execution.memory_format is torch.channels_last_3d
@@ -114,8 +160,8 @@ def test_a_plan_resolves_its_execution_once_with_the_resumed_runs_threads(tmp_pa
 
 
 def test_the_predictor_predicts_the_step_the_execution_runs(tmp_path, monkeypatch):
-    """A graphed step holds its static batches; the cache keeps the two predictions apart. (A real graphed step
-    needs CUDA: its figures are in the ``gpu`` tests.)"""
+    """A graphed step holds its static batches and the graph's terms; the cache keeps the two predictions apart. (A
+    real graphed step needs CUDA: its figures are in the ``gpu`` tests.)"""
     monkeypatch.setenv("MEDSWEEP_CACHE_DIR", str(tmp_path))
     cfg = config("data=synthetic", "model=resnet10", "batch_size=4", "accumulate=2")
     eager = on_cpu(cfg)
@@ -123,7 +169,10 @@ def test_the_predictor_predicts_the_step_the_execution_runs(tmp_path, monkeypatc
     plain, captured = memory.predict(cfg, eager), memory.predict(cfg, graphed)
     assert (plain.step, captured.step) == ("eager", "graphed") and "graphed step" in captured.table()
     assert plain.static_inputs_mb == 0 and captured.static_inputs_mb == 2 * 4 * (4 * 28**3 + 8) / memory.MIB
-    assert captured.total_mb == pytest.approx(plain.total_mb + captured.static_inputs_mb)
+    graphed_terms = ("static_inputs_mb", *memory.GRAPHED)
+    assert all(getattr(plain, term) == 0 < getattr(captured, term) for term in graphed_terms)
+    added = sum(getattr(captured, term) for term in graphed_terms)
+    assert captured.total_mb == pytest.approx(plain.total_mb + added)
     assert memory_cache.predicted(cfg, eager) == plain and memory_cache.predicted(cfg, graphed) == captured
 
 

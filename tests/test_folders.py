@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from src.atomic import this_boot
 from src.errors import UsageError
 from src.folders import check_own_folder, fresh, held, never_release, release
-from tests.helpers import ROOT, one_error_line, run_cli, runs, slow, small_run, sweep_runs
+from tests.helpers import ROOT, ended_process, one_error_line, run_cli, runs, slow, small_run, sweep_runs
 
 
 def claim(path: str, queue) -> None:
@@ -175,3 +176,14 @@ def test_a_folder_a_run_wrote_is_its_own_and_any_other_file_is_named(tmp_path):
         (tmp_path / name).touch()
     with pytest.raises(UsageError, match=r"^it holds files no run writes \(data, mlflow.db, notes.txt and 1 more\)"):
         check_own_folder(tmp_path, "it")
+
+
+def test_the_next_holder_of_a_folder_removes_the_temp_files_of_writers_that_are_gone(tmp_path):
+    """A checkpoint write killed outright (SIGKILL) left its temp file, 0.5 GB, in the run folder for good."""
+    gone = ended_process()["pid"].partition("@")[0]
+    dead = tmp_path / f".checkpoint.pt.{gone}-{this_boot()}.1.tmp"
+    live = tmp_path / f".best.pt.{os.getppid()}-{this_boot()}.2.tmp"  # a live process's write under way
+    for path in (dead, live):
+        path.write_bytes(b"half")
+    with held(tmp_path, "job", "wait"):
+        assert not dead.exists() and live.exists()

@@ -10,7 +10,7 @@ import pytest
 from sklearn.metrics import balanced_accuracy_score, roc_auc_score
 
 from src.models import MODELS
-from tests.data.nifti.folders import bad_cases, prepare
+from tests.data.nifti.folders import bad_cases, prepare, six, spoil_gzip
 from tests.helpers import BAD_INPUTS, RESULTS, history, run_cli, runs, small_run
 
 CLINICAL = {"balanced_acc", "ece", "sensitivity", "specificity"}  # a binary task's
@@ -222,6 +222,22 @@ def test_the_training_command_refuses_bad_input_in_one_line_before_any_run(tmp_p
     data = tmp_path / "scans"
     prepare(data, case)
     overrides, start = bad_cases(data)[case]
+    assert refused_before_any_run(tmp_path, store, data, *overrides).startswith(f"error: {start}")
+
+
+@pytest.mark.slow
+def test_the_training_command_refuses_a_volume_damaged_past_its_header_before_any_run(tmp_path, store):
+    """A ``.nii.gz`` with a bad CRC: nibabel reads its header and voxels without seeing it (it trained, exit 0)."""
+    data = six(tmp_path / "scans")
+    spoil_gzip(data / "b1.nii.gz", "crc")
+    trains = ("data.size=16", "model=resnet10", "batch_size=2", "epochs=1", "num_threads=1")
+    line = refused_before_any_run(tmp_path, store, data, *trains, "mlflow.system_metrics=false")
+    assert line.startswith(f"error: {data / 'labels.csv'} line 5: {data / 'b1.nii.gz'} is damaged (gzip: CRC")
+
+
+def refused_before_any_run(tmp_path, store: str, data, *overrides: str) -> str:
+    """``python -m src.train data=nifti`` on the folder ``data``: exit 2, one ``error:`` line, the last, and no run;
+    that line."""
     result = run_cli(
         "data=nifti",
         f"data.root={data}",
@@ -233,7 +249,6 @@ def test_the_training_command_refuses_bad_input_in_one_line_before_any_run(tmp_p
     )
     assert result.returncode == 2, result.stderr[-3000:]
     lines = result.stderr.strip().splitlines()
-    assert [line for line in lines if line.startswith("error:")] == [lines[-1]] and lines[-1].startswith(
-        f"error: {start}"
-    )
+    assert [line for line in lines if line.startswith("error:")] == [lines[-1]]
     assert runs(store) == []
+    return lines[-1]

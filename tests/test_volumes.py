@@ -7,7 +7,7 @@ import pytest
 
 from src.data.files import npz_path
 from src.data.nifti.cache import read_meta
-from tests.data.nifti.folders import CSV, bad_cases, nifti, prepare, six
+from tests.data.nifti.folders import CSV, bad_cases, nifti, prepare, six, spoil_gzip
 from tests.helpers import run_cli
 
 
@@ -41,7 +41,7 @@ def test_the_inspect_command_builds_and_describes_the_cache(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["zero-affine", "huge-index", "long-root"])
+@pytest.mark.parametrize("case", ["zero-affine", "huge-index", "long-root", "no-val-class", "utf16-without-bom"])
 def test_the_inspect_command_refuses_bad_input_in_one_line(tmp_path, case):
     prepare(tmp_path, case)
     overrides, start = bad_cases(tmp_path)[case]
@@ -51,3 +51,22 @@ def test_the_inspect_command_refuses_bad_input_in_one_line(tmp_path, case):
     assert result.returncode == 2, result.stderr[-3000:]
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(f"error: {start}")
+
+
+@pytest.mark.slow
+def test_the_inspect_command_refuses_a_volume_damaged_past_its_header_and_reads_a_utf16_csv(tmp_path, cache_dir):
+    """A bad CRC in a ``.nii.gz`` (nibabel reads its header and voxels without seeing it) is one line, exit 2, no
+    cache; the same folder's CSV saved as a spreadsheet's "Unicode" (UTF-16 with its byte-order mark) reads."""
+    six(tmp_path)
+    spoil_gzip(tmp_path / "b1.nii.gz", "crc")
+    args = ("data=nifti", f"data.root={tmp_path}", "data.size=16")
+    result = run_cli(*args, module="src.volumes", timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: {tmp_path / CSV} line 5: {tmp_path / 'b1.nii.gz'} is damaged (gzip: CRC check")
+    assert not [path for path in (cache_dir / "volumes").glob(f"*nifti_{tmp_path.name}_*")]
+    six(tmp_path)  # intact volumes again
+    (tmp_path / CSV).write_bytes((tmp_path / CSV).read_text().encode("utf-16"))
+    described = run_cli(*args, module="src.volumes", timeout=300)
+    assert described.returncode == 0, described.stderr[-3000:]
+    assert "classes   0 a: train 1, val 1, test 1 | 1 b: train 1, val 1, test 1" in described.stdout

@@ -104,7 +104,8 @@ class Config:
     accumulate: int = key(1, "micro-batches per optimizer step (gradient accumulation)", COUNT)
     mem_budget_mb: float | None = key(
         None,
-        "batch_size=auto: the memory it fits in; null: the device's free memory (or a job's share of it)",
+        "MiB a job plans and runs in: batch_size=auto fits it, a batch predicted past it is refused, a GPU's "
+        "allocator is capped there; null: the device's free memory (or a job's share of it)",
         Range(0, ends="()", null=True),
     )
     effective_batch_size: int | None = key(
@@ -158,6 +159,12 @@ class Config:
     )
     gpu_share: GpuShare = key(
         GpuShare.auto, "jobs sharing a GPU: auto (an MPS daemon where one can start), mps (required), none"
+    )
+    fuse: Any = key(
+        "auto",
+        "a sweep's jobs that differ only in keys that change no shape or kernel (seed, optim.*, sched.*, aug.* ...) "
+        "trained as one stacked model, each its own run: auto (on CUDA), true (required; CPU too), false",
+        Either(("auto", "true", "false")),
     )
     non_blocking: bool = key(True, "asynchronous host-to-device copies")
     oom_retry: bool = key(False, "on out-of-memory: rerun with half the micro-batch, twice the accumulation")

@@ -37,6 +37,7 @@ RESERVED_TAGS = frozenset(  # the undotted tag keys medsweep writes itself (its 
         "role",
         "cuda_graphs",
         "gpu_share",
+        "fuse",
     ]
 )
 

@@ -15,6 +15,7 @@ from src.atomic import atomic_path
 from src.config import NIFTI, SYNTHETIC, DataConfig
 from src.data.names import REDOWNLOAD, npz_name
 from src.errors import UsageError
+from src.redaction import reveal
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ def check_official(cfg: DataConfig, path: Path) -> bool:
 def download(cfg: DataConfig, path: Path) -> None:
     """Fetch the official file (or ``data.url``) to ``path`` atomically, then verify its MD5."""
     info = medmnist_info(cfg)
-    url = cfg.url or info["url" if cfg.size == 28 else f"url_{cfg.size}"]
+    url = reveal(cfg.url) if cfg.url else info["url" if cfg.size == 28 else f"url_{cfg.size}"]  # a token put back
     log.info("downloading %s -> %s", url, path)
     with atomic_path(path) as partial:
         fetch(url, partial, cfg)

@@ -1,15 +1,20 @@
 """``dry_run=true``: what each job would do, one line per job on stdout, then a total; nothing trains, nothing is
 logged, the MLflow store is left as it is (a missing SQLite database is not created). Each line gives the job's
-action, predicted peak and estimated minutes, from finished runs or a timed step; with ``-m``,
-:class:`src.jobs.dry_run_total.DryRunTotal` prints the total at the sweep's end. Line format and estimate:
-docs/sweeps.md.
+action, predicted peak and estimated minutes, from finished runs or a timed step. Each job shape (its config but
+:data:`SHAPELESS`, its execution and ranks) is planned once per process, its batch, peak and rate reused by every job
+of that shape (:class:`Shape`). A grid sweep whose jobs would run in its main process (Hydra's basic launcher) is
+listed there, from the plans its checks made (:func:`list_sweep`), launching no job; under a launcher that runs jobs
+in other processes, each job lists itself and :class:`src.jobs.dry_run_total.DryRunTotal` prints the total at the
+sweep's end. Line format and estimate: docs/sweeps.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
+import logging
 import math
 import statistics
 import time
@@ -19,17 +24,20 @@ from pathlib import Path
 import torch
 from hydra.core.hydra_config import HydraConfig
 from mlflow.entities import Run
+from omegaconf import DictConfig
 
 from src.atomic import atomic_path
 from src.config import Config, FaultConfig, ParallelMode
 from src.data.files import check_file, split_sizes
 from src.execution import Execution
-from src.jobs.dry_run_total import FOLDER, JobEstimate, rounded, total
+from src.jobs.dry_run_total import FOLDER, JobEstimate, fits_text, rounded, total
 from src.jobs.plan import Plan, resolve_batch
 from src.jobs.resume import Resume
 from src.parallel import dist
 from src.parallel.launch import job_gpus
+from src.parallel.machine_share import jobs_at_once
 from src.parallel.ranks import job_world, seed_everything
+from src.perf.autobatch import budget_fit
 from src.perf.memory_cache import predicted
 from src.perf.step_timing import step_time
 from src.tracking.identity import NOT_HASHED
@@ -40,11 +48,12 @@ from src.training.meters import MIN_TIMED_STEPS, synchronize
 from src.training.step_graph import WARMUP_STEPS, Batch
 from src.training.trainer import steps_per_epoch
 
+log = logging.getLogger(__name__)
+
 EVAL_COST = 1 / 3  # an evaluated sample costs a third of a trained one: a forward, where training adds a backward (~2)
 RATE = "perf/samples_per_s"
 MEDIAN_RATE = "perf/samples_per_s_median"  # over the timed epochs; runs logged before it have the last epoch's only
-NOT_SPEED = (  # params that do not change the time per sample (device and threads are compared through tags)
-    *NOT_HASHED,
+NO_EFFECT = (  # params that change neither the time per sample nor the memory a step takes
     "seed",
     "epochs",
     "limit_batches",
@@ -56,6 +65,11 @@ NOT_SPEED = (  # params that do not change the time per sample (device and threa
     "sched.",
     "label_smoothing",
     "class_weights",
+    "fault.",
+)
+NOT_SPEED = (  # params that do not change the time per sample (device and threads are compared through tags)
+    *NOT_HASHED,
+    *NO_EFFECT,
     "data.name",
     "data.num_classes",
     "data.task",
@@ -69,9 +83,12 @@ NOT_SPEED = (  # params that do not change the time per sample (device and threa
     "effective_batch_size",
     "mem_budget_mb",
     "oom_retry",
-    "fault.",
     "device",
     "num_threads",
+)
+SHAPELESS = (  # params that change neither a job's step, its memory, nor where its finished runs are looked up
+    *NO_EFFECT,  # epochs but whether more than one: the best weights' copy (Placed.shape)
+    *(key for key in NOT_HASHED if key not in ("mlflow.", "data.root")),  # how a job starts, what it returns
 )
 
 
@@ -96,6 +113,107 @@ class Rate:
         return f"~{rounded(minutes)} min ({self.basis}, {low}-{high})"
 
 
+@dataclasses.dataclass(frozen=True)
+class Placed:
+    """A job's plan on the GPUs it holds (:func:`~src.parallel.launch.job_gpus`) and its ranks."""
+
+    plan: Plan
+    gpus: tuple[int, ...]
+    world: int
+
+    @property
+    def shape(self) -> tuple:
+        """What sets the job's step, memory and basis of estimate apart: its params but :data:`SHAPELESS`, whether it
+        trains more than one epoch, a resumed run's batch, its store, execution and ranks."""
+        plan = self.plan
+        params = tuple(sorted((k, v) for k, v in plan.params.items() if not k.startswith(SHAPELESS)))
+        resumed = (plan.resume.batch_size, plan.resume.accumulate) if plan.resume else None
+        return params, plan.cfg.epochs > 1, resumed, plan.tracking_uri, plan.execution, self.world
+
+
+@dataclasses.dataclass
+class Shape:
+    """One job shape of this process's dry run, planned once for every job of it: the micro-batch and accumulation
+    it trains with (``cfg``: its first job's config at them, checked as :func:`resolve_batch` checks but for memory),
+    its predicted peak, whether that fits the memory budget (``fits``: :func:`~src.jobs.dry_run_total.fits_text`) and,
+    once a job of it is to run, its training rate."""
+
+    number: int
+    first: Placed
+    cfg: Config
+    peak_mb: float
+    fits: str = ""
+    rate: Rate | None = None
+
+    def describe(self) -> str:
+        cfg, execution = self.cfg, self.first.plan.execution
+        graphed = " graphed" if execution.graphed else ""
+        return (
+            f"batch_size={cfg.batch_size} accumulate={cfg.accumulate} model={cfg.model.name} data.size={cfg.data.size}"
+            f" {execution.dtype_name} on {execution.device}{graphed}, {execution.threads} threads x {self.first.world}"
+        )
+
+    def training_rate(self) -> Rate:
+        if self.rate is None:
+            first = self.first
+            self.rate = training_rate(first.plan, self.cfg, first.gpus, first.world)
+        return self.rate
+
+
+SHAPES: dict[tuple, Shape] = {}  # this process's job shapes, by Placed.shape
+Named = Callable[[int], contextlib.AbstractContextManager]  # a job's number -> the block its errors are named in
+
+
+def shapes(jobs: list[Placed], named: Named = lambda num: contextlib.nullcontext()) -> list[Shape]:
+    """Each job's :class:`Shape`: those this process planned before reused, each new one planned once (its batch and
+    peak; its rate where one of its jobs is to run) within ``named`` of its first job (its errors naming the job),
+    with one line naming it and its jobs."""
+    new: dict[tuple, list[Placed]] = {}
+    for job in jobs:
+        if job.shape not in SHAPES:
+            new.setdefault(job.shape, []).append(job)
+    for key, alike in new.items():
+        first = alike[0]
+        with named(first.plan.job_num):
+            cfg = resolve_batch(first.plan, first.world, probe=False, memory=False)[0]  # listed, not refused
+            peak = predicted(cfg, first.plan.execution).total_mb
+            fits = fits_text(*budget_fit(cfg, first.plan.execution, first.world, peak))
+            shape = Shape(len(SHAPES) + 1, first, cfg, peak, fits)
+            if any(not job.plan.finished for job in alike):
+                shape.training_rate()
+        SHAPES[key] = shape
+        numbers = ", ".join(str(job.plan.job_num) for job in alike)
+        log.info("planned job shape %d (%s): jobs %s", shape.number, shape.describe(), numbers)
+    return [SHAPES[job.shape] for job in jobs]
+
+
+def estimates(jobs: list[Placed], named: Named = lambda num: contextlib.nullcontext()) -> list[JobEstimate]:
+    """Each job's line: its action, and its shape's batch, peak, fit to the memory budget and rate (:func:`shapes`)."""
+    listed = []
+    for job, shape in zip(jobs, shapes(jobs, named), strict=True):
+        plan = job.plan
+        cfg = dataclasses.replace(plan.cfg, batch_size=shape.cfg.batch_size, accumulate=shape.cfg.accumulate)
+        if plan.finished:
+            action, minutes, estimate = f"skip: finished run {plan.finished.info.run_id}", 0.0, "0 min"
+        else:
+            rate = shape.training_rate()
+            action = f"resume run {plan.resume.run_id}" if plan.resume else "run"
+            minutes = job_seconds(cfg, job.world, rate.per_s, plan.resume) / 60
+            estimate = rate.estimate(minutes)
+        step = "graphed" if plan.execution.graphed else "eager"
+        listed.append(
+            JobEstimate(
+                plan.job_num, plan.run_name, action, cfg.batch_size, shape.peak_mb, minutes, estimate, step, shape.fits
+            )
+        )
+    return listed
+
+
+def placed(plan: Plan, gpus: tuple[int, ...], external: dist.Rank | None = None) -> Placed:
+    plan = plan.on(gpus)
+    return Placed(plan, gpus, job_world(plan.cfg, gpus, external))
+
+
 def report(plan: Plan, external: dist.Rank | None) -> float:
     """Print the job's line (and, outside a multirun, the total) after the checks a real job makes before it trains
     (a job to skip makes none), creating no run and no store; a torchrun / SLURM rank other than 0 prints nothing.
@@ -106,19 +224,7 @@ def report(plan: Plan, external: dist.Rank | None) -> float:
         check_store(plan.tracking_uri)
         check_file(plan.cfg.data)
     with job_gpus(HydraConfig.get(), plan.execution.device) as gpus:
-        plan = plan.on(gpus)
-        world = job_world(plan.cfg, gpus, external)
-        cfg = resolve_batch(plan, world, probe=False)[0]
-        if plan.finished:
-            action, minutes, estimate = f"skip: finished run {plan.finished.info.run_id}", 0.0, "0 min"
-        else:
-            rate = training_rate(plan, cfg, gpus, world)
-            action = f"resume run {plan.resume.run_id}" if plan.resume else "run"
-            minutes = job_seconds(cfg, world, rate.per_s, plan.resume) / 60
-            estimate = rate.estimate(minutes)
-        peak = predicted(cfg, plan.execution).total_mb
-        step = "graphed" if plan.execution.graphed else "eager"
-        listed = JobEstimate(plan.job_num, plan.run_name, action, cfg.batch_size, peak, minutes, estimate, step)
+        (listed,) = estimates([placed(plan, gpus, external)])
     print(listed.line(), flush=True)
     if plan.multirun:
         with atomic_path(Path(HydraConfig.get().sweep.dir, FOLDER, f"{plan.job_num}.json")) as partial:
@@ -126,6 +232,31 @@ def report(plan: Plan, external: dist.Rank | None) -> float:
     else:
         print(total([listed]), flush=True)
     return math.nan
+
+
+def lists_here(config: DictConfig) -> bool:
+    """Whether a dry sweep is listed in its main process (:func:`list_sweep`): a grid sweep (every job known before
+    any runs) whose launcher would run its jobs in this process, one after another (Hydra's basic launcher)."""
+    launcher = str(config.hydra.launcher._target_)
+    return (
+        config.dry_run
+        and config.hydra.sweeper._target_.endswith(".BasicSweeper")
+        and launcher.endswith(".BasicLauncher")
+    )
+
+
+def list_sweep(
+    hydra_cfg: DictConfig, plans: list[Plan], named: dict[int, Callable[[], contextlib.AbstractContextManager]]
+) -> None:
+    """Print each job's line, then the total, from the plans the sweep's checks made (:func:`lists_here`; the store
+    and each job's data checked there): each job composed and planned once, not again by the launcher, and each
+    shape planned once, its errors named by ``named`` of its first job."""
+    with contextlib.ExitStack() as holding:
+        jobs = [placed(plan, holding.enter_context(job_gpus(hydra_cfg, plan.execution.device))) for plan in plans]
+        listed = estimates(jobs, lambda num: named[num]())
+    for job in listed:
+        print(job.line(), flush=True)
+    print(total(listed, jobs_at_once()), flush=True)
 
 
 def comparable(run: Run) -> bool:

@@ -22,7 +22,7 @@ FOLDER = "dry_run"  # in the sweep folder: one <job>.json per job
 class JobEstimate:
     """One job of a dry run: ``action`` is ``run``, ``resume run <id>`` or ``skip: finished run <id>``; ``estimate``
     the line's text for its ``minutes`` (``0 min`` for a skip); ``step`` the step predicted and timed, ``eager`` or
-    ``graphed``."""
+    ``graphed``; ``fits`` whether its micro-batch fits the memory budget (:func:`fits_text`)."""
 
     job: int
     name: str
@@ -32,6 +32,7 @@ class JobEstimate:
     minutes: float
     estimate: str
     step: str = "eager"
+    fits: str = ""
 
     @property
     def runs(self) -> bool:
@@ -39,7 +40,17 @@ class JobEstimate:
 
     def line(self) -> str:
         peak = f"peak {self.peak_mb:.0f} MiB at batch {self.batch_size}{', graphed' if self.step == 'graphed' else ''}"
-        return f"job {self.job}: {self.name} | {self.action} | {peak} | {self.estimate}"
+        fits = f" | {self.fits}" if self.fits else ""
+        return f"job {self.job}: {self.name} | {self.action} | {peak}{fits} | {self.estimate}"
+
+
+def fits_text(budget_mb: float, largest: int | None) -> str:
+    """``fits 24 GiB: yes``, ``fits 24 GiB: no: fits at batch 8`` (``largest``, the largest micro-batch predicted to
+    fit) or ``fits 24 GiB: no batch fits`` (``largest`` 0); ``largest`` None: it fits."""
+    budget = f"{budget_mb / 1024:.3g} GiB" if budget_mb >= 1024 else f"{budget_mb:.3g} MiB"
+    if largest is None:
+        return f"fits {budget}: yes"
+    return f"fits {budget}: no: fits at batch {largest}" if largest else f"fits {budget}: no batch fits"
 
 
 def rounded(minutes: float) -> str:

@@ -17,13 +17,15 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from src.atomic import uninterrupted
 from src.config import Config, ParallelMode
 from src.data.files import ensure_file
 from src.folders import held, holder, never_release
-from src.jobs import dry_run, outcome
+from src.jobs import dry_run, fuse, outcome
 from src.jobs.plan import Job, Plan, plan_job, resolve_batch, save_job_config
 from src.jobs.rank import run_rank, spawned_rank
 from src.jobs.resume import earlier_twin, reopen
+from src.jobs.slurm import in_slurm_job, run_tags
 from src.jobs.stop_record import failure, read_stop, signalled, write_stop
 from src.parallel import dist
 from src.parallel.launch import job_gpus, spawn_ranks
@@ -51,7 +53,7 @@ def train_job(cfg: DictConfig, clock: StartupClock, preemption: Preemption) -> f
 
 def run_job(cfg: DictConfig, clock: StartupClock, preemption: Preemption) -> float:
     started = dist.external_rank() if cfg.parallel.mode is ParallelMode.ddp else None  # rank > 0 follows rank 0
-    plan = plan_job(cfg, HydraConfig.get(), started)
+    plan = fuse.alone(plan_job(cfg, HydraConfig.get(), started), HydraConfig.get())  # why it trains unfused
     clock.mark("config")
     external = dist.external_rank() if plan.cfg.parallel.mode is ParallelMode.ddp else None
     if plan.cfg.dry_run:
@@ -87,13 +89,17 @@ def run_attempts(plan: Plan, external: dist.Rank | None, clock: StartupClock, pr
         never_release(plan.job_dir, plan.output_dir)  # the run's from here: kept whatever ends it
         for attempt in outcome.attempts(first):
             outcome.stop_before_run(preemption)
-            run = reopen(client, resume) if resume else start_run(plan, attempt, world, client, tags)
-            clock.mark("mlflow")
-            if not resume and "retry_of" not in tags and planned_twice(plan, client, run.run_id):
-                return float("nan")
-            job = Job.from_plan(plan, attempt, run.run_id, world, gpus, resume, clock)
-            log.info("MLflow run %s in %s; output %s", run.run_id, plan.tracking_uri, plan.output_dir)
+            run = None
             try:
+                with uninterrupted("opening its run"):  # a second Ctrl-C inside would leave the run RUNNING
+                    run = reopen(client, resume) if resume else start_run(plan, attempt, world, client, tags)
+                if slurm_tags := run_tags():  # the SLURM job that trains it, started again how many times
+                    run.set_tags(slurm_tags)
+                clock.mark("mlflow")
+                if not resume and "retry_of" not in tags and planned_twice(plan, client, run.run_id):
+                    return float("nan")
+                job = Job.from_plan(plan, attempt, run.run_id, world, gpus, resume, clock)
+                log.info("MLflow run %s in %s; output %s", run.run_id, plan.tracking_uri, plan.output_dir)
                 final = (
                     spawn_ranks(spawned_rank, job, world, preemption)
                     if ddp and external is None
@@ -104,6 +110,8 @@ def run_attempts(plan: Plan, external: dist.Rank | None, clock: StartupClock, pr
             except Preempted as stop:
                 outcome.stop_preempted(run, stop, preemption)
             except BaseException as error:
+                if run is None:  # the store failed to open it
+                    raise
                 if not outcome.failed(run, attempt, plan, error):  # out of memory or diverged in a sweep: it goes on
                     return float("nan")
                 resume, tags = None, {**tags, "retry_of": run.run_id}  # out of memory: half the micro-batch
@@ -160,6 +168,10 @@ def in_sweep(cfg: DictConfig, run: Callable[[], float], preemption: Preemption) 
         with ended_with_parent(holder(sweep_dir)):
             result = run()
     except PreemptedExit:
+        if in_slurm_job():  # SLURM's signal (requeue, preemption, scancel, time limit) stops this job alone: no result
+            if preemption.refused is None:  # SLURM starts it again (it resumes), or the main process reports it
+                raise
+            return math.nan  # not requeued by submitit: its run KILLED, resumable; the main process reports it
         if preemption.signum is not None and preemption.signum == requeue_signal() and preemption.refused is None:
             raise  # submitit requeues the job, which resumes by itself: the sweep goes on
         write_stop(sweep_dir, signalled(preemption.signum or signal.SIGTERM))
@@ -172,6 +184,6 @@ def in_sweep(cfg: DictConfig, run: Callable[[], float], preemption: Preemption) 
         with contextlib.suppress(Exception):
             fail_parent_run(cfg)
         return math.nan
-    if preemption.requested and preemption.signum != requeue_signal():  # came after this job's training: no other
-        write_stop(sweep_dir, signalled(preemption.signum))  # job starts; submitit's timeout signal ends this job only
+    if preemption.requested and preemption.signum != requeue_signal() and not in_slurm_job():  # came after this
+        write_stop(sweep_dir, signalled(preemption.signum))  # job's training: no other job starts; SLURM's end this job
     return result

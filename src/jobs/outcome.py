@@ -11,34 +11,37 @@ import dataclasses
 import json
 import logging
 import signal
-import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
 import mlflow
-from mlflow.exceptions import MlflowException
-from requests.exceptions import RequestException
-from sqlalchemy.exc import SQLAlchemyError
 
 from src.atomic import NoSpace, is_temporary
 from src.config import CheckpointKeep, Config
 from src.errors import UsageError
 from src.folders import LOCK_FILE
 from src.jobs.plan import Plan
+from src.jobs.slurm import REFUSED_TAG
 from src.parallel.preemption import Preempted, PreemptedExit, Preemption
 from src.perf.autobatch import one_sample_fails
 from src.perf.memory import predict
 from src.tracking.identity import code_fingerprint
 from src.tracking.runs import RunLogger
-from src.tracking.store import best_metric, innermost_reason
+from src.tracking.store import (
+    STORE_ERRORS,
+    StoreGone,
+    best_metric,
+    innermost_reason,
+    redacted,
+    sqlite_path,
+    went_away,
+)
 from src.tracking.sweep import SKIPPED_TAG, job_parent_id
 from src.training import checkpoint
 from src.training.trainer import Diverged
 
 log = logging.getLogger(__name__)
-
-STORE_ERRORS = (MlflowException, SQLAlchemyError, RequestException, sqlite3.Error)  # what a failing store raises
 
 
 def skip(plan: Plan) -> float:
@@ -104,12 +107,13 @@ def read_diverged(output_dir: Path) -> Diverged | None:
 
 
 def stop_before_run(preemption: Preemption) -> None:
-    """A stop signal that came during start-up ends the job before its run is created: nothing to resume."""
+    """A stop signal that came during start-up ends the job before its run is created: nothing to resume; submitit's
+    requeue signal goes back to submitit (it requeues the job, which starts anew)."""
     if preemption.requested:
         log.warning(
             "stopped (%s) before its run was created: nothing to resume", signal.Signals(preemption.signum).name
         )
-        raise PreemptedExit(preemption.exit_code)
+        handed_over(preemption)
 
 
 def failed(run: RunLogger, cfg: Config, plan: Plan, error: BaseException) -> bool:
@@ -121,9 +125,21 @@ def failed(run: RunLogger, cfg: Config, plan: Plan, error: BaseException) -> boo
     other error is raised again."""
     try:
         return closed_failed(run, cfg, plan, error)
-    except STORE_ERRORS as broken:
+    except (*STORE_ERRORS, StoreGone) as broken:
+        store, path = redacted(plan.tracking_uri), sqlite_path(plan.tracking_uri)
+        if path is not None and not path.exists():  # SQLite wrote on into the deleted file, then refused
+            raise UsageError(
+                f"the MLflow store {store} lost its file while run {run.run_id} trained (deleted or moved): put "
+                f"{path} back, then resume it: python -m src.train resume={run.run_id}; in a new store the same "
+                "command trains it anew"
+            ) from None
+        if went_away(broken):  # the run stays RUNNING there; the next command finds its process gone and resumes it
+            raise UsageError(
+                f"the MLflow store {store} went away ({store_failure(broken)}) while run {run.run_id} trained; "
+                f"{go_on(run, plan.output_dir, 'start the store again', ' (or the same command again)')}"
+            ) from None
         raise UsageError(
-            f"the MLflow store {plan.tracking_uri} failed ({store_failure(broken)}) with run {run.run_id}, which may "
+            f"the MLflow store {store} failed ({store_failure(broken)}) with run {run.run_id}, which may "
             f"stay RUNNING; {go_on(run, plan.output_dir, 'fix the store', ' (or the same command again)')}"
         ) from None
 
@@ -146,15 +162,13 @@ def store_failure(error: BaseException) -> str:
 def closed_failed(run: RunLogger, cfg: Config, plan: Plan, error: BaseException) -> bool:
     oom, diverged = read_oom(plan.output_dir), read_diverged(plan.output_dir)
     error = diverged if diverged and not isinstance(error, Diverged) else error  # DDP: a spawned rank's
-    if isinstance(error, STORE_ERRORS):
-        with contextlib.suppress(*STORE_ERRORS):
-            run.finish("FAILED")
+    if isinstance(error, (*STORE_ERRORS, StoreGone)):  # StoreGone: a rank's check of the store found it gone
+        if not went_away(error):  # a store that went away cannot close it: one more call would wait out its retries
+            with contextlib.suppress(*STORE_ERRORS):
+                run.finish("FAILED")
         raise error
-    if isinstance(error, KeyboardInterrupt):  # a second Ctrl-C: no step checkpoint, the last epoch's is kept
-        run.set_tags({"resume_with": f"resume={run.run_id}"})
-        run.finish("KILLED")
-        log.warning("stopped at once: run %s is KILLED; resume=%s goes on from its last epoch", run.run_id, run.run_id)
-        raise PreemptedExit(128 + signal.SIGINT) from None
+    if isinstance(error, KeyboardInterrupt):  # a second Ctrl-C: no step checkpoint, the last one is kept
+        stopped_at_once(run, plan.output_dir)
     if isinstance(error, NoSpace):
         run.set_tags({"status": "no_space", "resume_with": f"resume={run.run_id}"})
         run.finish("FAILED")
@@ -177,6 +191,31 @@ def closed_failed(run: RunLogger, cfg: Config, plan: Plan, error: BaseException)
     return config_failed(plan, run, message, "lower batch_size, or set oom_retry=true")
 
 
+def stopped_at_once(run: RunLogger, output_dir: Path) -> NoReturn:
+    """A second Ctrl-C stopped the job between checkpoints (never inside one: :func:`src.atomic.uninterrupted`): its
+    run ends KILLED, resumable from its last checkpoint and tagged so (``preempted=true``: the sweep it stopped is
+    resumable too), exit 130. Before its first checkpoint the run holds no epoch (an epoch is logged once a checkpoint
+    holds it) and is deleted: the same command trains the config in a run of its own, none left beside it."""
+    if (output_dir / checkpoint.FILE).is_file():
+        run.set_tags({"preempted": "true", "resume_with": f"resume={run.run_id}"})
+        run.finish("KILLED")
+        log.warning(
+            "stopped at once: run %s is KILLED and resumable from its last checkpoint: python -m src.train resume=%s "
+            "(or the same command again)",
+            run.run_id,
+            run.run_id,
+        )
+    else:
+        run.finish("KILLED")
+        run.client.delete_run(run.run_id)
+        log.warning(
+            "stopped at once before its first checkpoint: run %s deleted, nothing to resume (the same command "
+            "trains the config anew)",
+            run.run_id,
+        )
+    raise PreemptedExit(128 + signal.SIGINT) from None
+
+
 def config_failed(plan: Plan, run: RunLogger, message: str, fix: str) -> bool:
     """A sweep goes on after a job whose config cannot train (False); a single run stops with one line."""
     if not plan.multirun:
@@ -188,6 +227,7 @@ def config_failed(plan: Plan, run: RunLogger, message: str, fix: str) -> bool:
 def stop_preempted(run: RunLogger, stop: Preempted, preemption: Preemption) -> NoReturn:
     """A stop signal was honoured and the checkpoint written: the run ends KILLED, tagged resumable; submitit's requeue
     signal goes back to submitit (it requeues the job, which resumes by itself); else exit 128 + the signal."""
+    preemption.begin("closing the stopped run")
     run.set_tags({"preempted": "true", "resume_with": f"resume={run.run_id}"})
     run.finish("KILLED")
     log.warning(
@@ -196,10 +236,18 @@ def stop_preempted(run: RunLogger, stop: Preempted, preemption: Preemption) -> N
         run.run_id,
         run.run_id,
     )
+    handed_over(preemption, run)
+
+
+def handed_over(preemption: Preemption, run: RunLogger | None = None) -> NoReturn:
+    """End the stopped job: submitit's requeue signal goes back to submitit, which requeues the job and exits (its code
+    tells its controller so) or refuses (the run, if any, tagged why); else exit 128 + the signal."""
     try:
         preemption.hand_over()
-    except SystemExit as handed:  # submitit requeued the job; its exit code tells its controller so
+    except SystemExit as handed:
         raise PreemptedExit(handed.code) from None
+    if preemption.refused is not None and run is not None:
+        run.set_tags({REFUSED_TAG: preemption.refused})
     raise PreemptedExit(preemption.exit_code)
 
 
@@ -222,7 +270,8 @@ def finish(run: RunLogger, output_dir: Path, keep: CheckpointKeep, preemption: P
     """Close the run FINISHED, its tag ``best_weights`` naming its ``best.pt``, then delete its ``checkpoint.pt``
     unless ``keep`` is ``always``. Closed first: a stop in between leaves a FINISHED run's checkpoint (which
     nothing resumes), never an unfinished run without one. A stop signal that came after the training loop let the
-    test end first."""
+    test end first; a signal from now on does not interrupt the close."""
+    preemption.begin("closing the finished run")
     best = output_dir / checkpoint.BEST_FILE
     run.set_tags({"best_weights": str(best.resolve())})
     run.finish("FINISHED")

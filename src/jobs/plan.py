@@ -15,6 +15,7 @@ from typing import Any
 import mlflow
 from omegaconf import DictConfig, OmegaConf
 
+from src import caches
 from src.config import Config
 from src.data.files import content_params, split_sizes
 from src.errors import UsageError
@@ -23,7 +24,6 @@ from src.jobs.rerun import rerun_config
 from src.jobs.resume import Resume, explicit, requeued, resumable
 from src.parallel.dist import Rank
 from src.parallel.launch import job_device
-from src.perf import probe_cache
 from src.perf.autobatch import check_fits, check_one_sample, derived_batch, fit_batch, predicted_batch
 from src.perf.startup import StartupClock
 from src.tracking.identity import code_fingerprint, config_hash, flatten, run_name
@@ -82,7 +82,7 @@ def plan_job(cfg: DictConfig, hydra_cfg: DictConfig, external: Rank | None = Non
     follower = external is not None and not external.is_main
     job_dir = Path(hydra_cfg.runtime.output_dir)
     overrides = list(hydra_cfg.overrides.task)
-    probe_cache.check_folder()
+    caches.check_folder()
     asked = cfg.resume  # resume=<run> (the run's config, below, says null)
     cfg, resume = resume_point(cfg, job_dir, overrides)
     rerun_of, name = cfg.rerun, None
@@ -167,11 +167,13 @@ def save_job_config(stored: dict[str, Any], job_dir: Path) -> None:
         OmegaConf.save(OmegaConf.create(stored), hydra_dir / "config.yaml")
 
 
-def resolve_batch(plan: Plan, world: int, probe: bool = True) -> tuple[Config, dict[str, str]]:
+def resolve_batch(plan: Plan, world: int, probe: bool = True, memory: bool = True) -> tuple[Config, dict[str, str]]:
     """The config at the micro-batch and accumulation it trains with, and tags saying how they were chosen: as the
     resumed run trained, else ``batch_size=auto`` (predicted, then probed; ``probe=False``:
     predicted only, no tags), ``derived``, or as given. Refused where the batch exceeds the training split, or (on a
-    CPU) a batch not chosen by the prediction is predicted past the memory free."""
+    CPU, or past ``mem_budget_mb``) a batch not chosen by the prediction is predicted past the memory free; not for
+    memory where not ``memory`` (a dry run lists whether each job fits instead: an auto that fits nothing at its
+    smallest micro-batch)."""
     cfg, resume = plan.cfg, plan.resume
     if resume:
         if resume.world != world:
@@ -182,12 +184,15 @@ def resolve_batch(plan: Plan, world: int, probe: bool = True) -> tuple[Config, d
         chosen, tags = dataclasses.replace(cfg, batch_size=resume.batch_size, accumulate=resume.accumulate), {}
     elif cfg.batch_size == "auto":
         execution = plan.execution
-        chosen, tags = fit_batch(cfg, execution, world) if probe else (predicted_batch(cfg, execution, world), {})
+        if probe:
+            chosen, tags = fit_batch(cfg, execution, world)
+        else:
+            chosen, tags = predicted_batch(cfg, execution, world, refuse=memory), {}
     else:
         chosen, tags = derived_batch(cfg, world) if cfg.batch_size == "derived" else cfg, {}
     check_split_sizes(chosen, world)
     check_one_sample(chosen)
-    if resume or cfg.batch_size != "auto":
+    if memory and (resume or cfg.batch_size != "auto"):
         check_fits(chosen, plan.execution)
     return chosen, tags
 

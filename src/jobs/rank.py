@@ -17,6 +17,7 @@ from src.jobs.reporting import MainReporter, Reporter
 from src.parallel import dist
 from src.parallel.preemption import Preempted, Preemption
 from src.parallel.ranks import data_parallel_width, seed_everything
+from src.perf.autobatch import cap_to_budget
 from src.perf.startup import StartupClock
 from src.tracking.system_metrics import system_metrics
 from src.training import checkpoint
@@ -35,6 +36,7 @@ def run_rank(
     if execution.device.type == "cuda":
         execution = execution.on(torch.device("cuda", job.gpus[0] if job.gpus else rank.local_rank))
         torch.cuda.set_device(execution.device)
+        cap_to_budget(job.cfg, execution.device)
     if rank.world > 1:
         dist.init_process_group(job.cfg, execution.backend, rank, store_address)
         # rank 0's: the config, execution and checkpoint it resolved, its run
@@ -43,8 +45,11 @@ def run_rank(
         cfg, execution_of_rank0, resume_from, run_id = shared[0]
         job = dataclasses.replace(job, cfg=cfg, execution=execution_of_rank0, resume_from=resume_from, run_id=run_id)
         execution = execution_of_rank0.on(execution.device)
+    preemption = preemption or Preemption()
+    if rank.world > 1:
+        preemption.stop_together()
     try:
-        return train_rank(job, rank, execution, preemption or Preemption())
+        return train_rank(job, rank, execution, preemption)
     finally:
         if rank.world > 1:
             torch.distributed.destroy_process_group()

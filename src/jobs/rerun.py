@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from src.config import Config
+from src.config.bounded import load_yaml
 from src.errors import UsageError
 from src.tracking.identity import NOT_HASHED
 from src.tracking.store import ensure_store, find_run, redacted
@@ -56,8 +57,9 @@ def logged_config(uri: str, run_id: str) -> tuple[DictConfig, mlflow.entities.Ru
             raise UsageError(
                 f"rerun={run_id} has no {CONFIG_ARTIFACT} artifact (only finished runs log it): rerun a FINISHED run"
             ) from None
-        try:
-            logged = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(Path(path)))
+        try:  # the artifact is anyone's who logs to the store: loaded bounded (an alias bomb refused, no python tags)
+            loaded = load_yaml(Path(path), f"rerun={run_id}: its {CONFIG_ARTIFACT} artifact")
+            logged = OmegaConf.merge(OmegaConf.structured(Config), loaded)
             OmegaConf.to_object(logged)
         except (OmegaConfBaseException, ValueError, yaml.YAMLError) as err:  # YAMLError: a damaged artifact
             raise UsageError(

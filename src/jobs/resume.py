@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from src.config import Config
+from src.config.bounded import bounded_tree
 from src.errors import UsageError
 from src.folders import in_use
 from src.jobs.rerun import changed_keys, with_command_line
@@ -83,9 +84,11 @@ def result_changes(stored: DictConfig, cfg: DictConfig) -> list[str]:
 
 def stored_config(state: dict[str, Any]) -> DictConfig:
     """The config a checkpoint (``state``) was written with, typed by today's schema; a :class:`UsageError` saying
-    why where it no longer fits (a key removed since, a value out of today's range)."""
+    why where it no longer fits (a key removed since, a value out of today's range), or where it is past the limits of
+    an untrusted config (:func:`bounded_tree`: a pickled alias bomb would have hung OmegaConf)."""
+    config = bounded_tree(state["config"], "was checkpointed with a config that")
     try:
-        stored = OmegaConf.merge(OmegaConf.structured(Config), state["config"])
+        stored = OmegaConf.merge(OmegaConf.structured(Config), config)
         OmegaConf.to_object(stored)
     except (OmegaConfBaseException, ValueError) as err:
         raise UsageError(

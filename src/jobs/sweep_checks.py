@@ -25,7 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 from src.errors import UsageError, exit_with, one_line
 from src.models.registry import check_model
 from src.parallel.machine_share import launcher_cpus
-from src.schema_check import check_known_keys, check_values, composition_error
+from src.schema_check import check_known_keys, check_values, composition_error, list_index_error
 from src.tracking.identity import run_name
 
 SLURM_COMMANDS = ("sbatch", "srun")  # what submitit's SLURM executor runs
@@ -128,6 +128,10 @@ def job_errors(num: int, name: str, overrides: list[str]) -> Iterator[None]:
         raise UsageError(f"job {num} ({name}): {composition_error(err, overrides)}") from None
     except OmegaConfBaseException as err:  # an interpolation that does not resolve
         raise UsageError(f"job {num} ({name}): {one_line(err)}") from None
+    except ValueError as err:  # OmegaConf's, on a list's element named, not numbered (tags.x=a)
+        if (line := list_index_error(err, overrides)) is None:
+            raise
+        raise UsageError(f"job {num} ({name}): {line}") from None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,15 +5,19 @@ sweep's main process."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import NoReturn
 
 import psutil
 
+from src.atomic import uninterrupted_now, when_uninterrupted
 from src.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -21,6 +25,8 @@ log = logging.getLogger(__name__)
 EXIT_PREEMPTED = 128 + signal.SIGTERM  # 143, the shell's code for "terminated by SIGTERM"
 HANGUP = (signal.SIGHUP,) if signal.getsignal(signal.SIGHUP) is signal.SIG_DFL else ()  # () under nohup: ignored
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, *HANGUP)
+AT_ONCE = "stopping at once"  # a job's stop under way after a second Ctrl-C
+AGAIN_S = 0.05  # a second Ctrl-C Python ignored (raised in a finalizer) is sent again after this many seconds
 
 
 def exit_code(signum: int) -> int:
@@ -65,7 +71,9 @@ def signals_blocked(signals: Sequence[int] = STOP_SIGNALS) -> Iterator[None]:
 
 class Preemption:
     """While installed, a stop signal only records itself and is passed on, as SIGTERM, to child processes; a second
-    Ctrl-C raises :class:`KeyboardInterrupt` at once.
+    Ctrl-C raises :class:`KeyboardInterrupt` at once, but never inside a checkpoint write (it waits for the file to be
+    whole: :func:`src.atomic.uninterrupted`) nor once the stop is under way (:meth:`begin`): a signal then is only
+    said on the console.
 
     The training loop checks :attr:`requested` at optimizer-step boundaries (a Python attribute, no device sync),
     checkpoints and raises :class:`Preempted`. :meth:`hand_over` then calls submitit's requeue handler when that was
@@ -75,6 +83,8 @@ class Preemption:
     def __init__(self) -> None:
         self.signum: int | None = None
         self.refused: str | None = None  # why submitit did not requeue the job its signal stopped
+        self.under_way: str | None = None  # the job's stop or end, once begun: what it does
+        self._together = False  # a rank of several: it stops with the others, at a step they agree on
         self._previous: dict[int, object] = {}
         self._children: Sequence = ()
 
@@ -82,15 +92,42 @@ class Preemption:
     def requested(self) -> bool:
         return self.signum is not None
 
+    def stop_together(self) -> None:
+        """This process is one of several ranks: a second Ctrl-C does not stop it at once (alone, it would leave the
+        others waiting in a collective, and their job FAILED), it stops with them at their next agreed step."""
+        self._together = True
+
+    def begin(self, what: str) -> None:
+        """The job's stop (or its end) is under way, doing ``what``: no signal from now on interrupts it."""
+        self.under_way = what
+
     def _record(self, signum: int, frame: object) -> None:
-        if self.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt("a second Ctrl-C: stopping now")
+        name = signal.Signals(signum).name
         if self.signum is None:
-            log.warning(
-                "received %s: stopping at the next step boundary (a second Ctrl-C stops at once)",
-                signal.Signals(signum).name,
-            )
+            log.warning("received %s: stopping at the next step boundary (a second Ctrl-C stops at once)", name)
             self.signum = signum
+        elif self.under_way is not None:
+            log.warning("received %s: the stop is under way (%s), it ends by itself", name, self.under_way)
+        elif signum == signal.SIGINT and (self._together or self._children):  # ranks, or the job starting them
+            log.warning(
+                "received SIGINT again: the ranks stop together at their next agreed step (the stop is under way)"
+            )
+        elif signum == signal.SIGINT and (doing := uninterrupted_now()) is not None:
+            log.warning("received SIGINT again: stopping at once when %s is done (the stop is under way)", doing)
+            self.begin(f"stopping when {doing} is done")
+            when_uninterrupted(self._stop_now)
+        elif signum == signal.SIGINT:
+            self._forward()
+            self._stop_now()
+        else:
+            log.warning("received %s: the stop is under way (at the next step boundary)", name)
+        self._forward()
+
+    def _stop_now(self) -> NoReturn:
+        self.begin(AT_ONCE)
+        raise KeyboardInterrupt("a second Ctrl-C: stopping now")
+
+    def _forward(self) -> None:
         for child in self._children:
             if child.is_alive():
                 os.kill(child.pid, signal.SIGTERM)
@@ -100,7 +137,7 @@ class Preemption:
         while they started too."""
         self._children = children
         if self.requested:
-            self._record(signal.SIGTERM, None)
+            self._forward()
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[Preemption]:
@@ -113,13 +150,27 @@ class Preemption:
         signals = stop_signals()
         self._previous = {sig: signal.signal(sig, self._record) for sig in signals}
         before = signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)  # a signal pending since it was blocked: now
+        hook, sys.unraisablehook = sys.unraisablehook, functools.partial(self._ignored, sys.unraisablehook)
         try:
             yield self
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, before)
             for sig, handler in self._previous.items():
                 signal.signal(sig, handler)
+            sys.unraisablehook = hook
             self._children = ()
+
+    def _ignored(self, hook: Callable, unraisable) -> None:
+        """Python ignores an exception raised in a finalizer or a weakref callback, printing its traceback: a second
+        Ctrl-C's ``KeyboardInterrupt`` that landed in one (a joblib worker's) is sent again a moment later, outside
+        it, rather than printed and lost. Any other goes to ``hook``."""
+        if isinstance(unraisable.exc_value, KeyboardInterrupt) and self.under_way == AT_ONCE:
+            self.under_way = None
+            again = threading.Timer(AGAIN_S, os.kill, (os.getpid(), signal.SIGINT))
+            again.daemon = True
+            again.start()
+            return
+        hook(unraisable)
 
     def hand_over(self) -> None:
         """Call submitit's handler when its requeue signal stopped the job: it requeues the job and exits, or refuses
@@ -182,6 +233,7 @@ class SignalWatcher:
     def __init__(self, on_stop: Callable[[int], None]) -> None:
         self.on_stop = on_stop
         self.received: int | None = None
+        self.ending = False  # the sweep closes: a signal is only said
         self._closing = False
         self._restore = contextlib.ExitStack()
         self._thread: threading.Thread | None = None
@@ -200,10 +252,18 @@ class SignalWatcher:
     def _take(self, signum: int) -> None:
         if self._closing:
             return
+        name = signal.Signals(signum).name
+        if self.ending:
+            log.warning("received %s: the sweep is closing its parent run, it ends by itself", name)
+            return
         again = self.received is not None
         if not again:
             self.received = signum
             self.on_stop(signum)
+        elif signum == signal.SIGINT:
+            log.warning("received SIGINT again: running jobs stop at once, each resumable from its last checkpoint")
+        else:
+            log.warning("received %s: the sweep's stop is under way", name)
         forwarded = signal.SIGINT if again and signum == signal.SIGINT else signal.SIGTERM
         for child in psutil.Process().children():
             with contextlib.suppress(psutil.Error):

@@ -15,7 +15,6 @@ from src.execution import Execution
 from src.models import build_model
 from src.models.registry import MODELS
 from src.parallel.machine_share import free_at_start_mb, gpu_share_mb, jobs_at_once, memory_share_mb
-from src.perf.memory import predict
 from src.perf.memory_cache import predicted
 from src.training.build import build_trainer
 
@@ -37,15 +36,30 @@ def budget_mb(cfg: Config, device: torch.device) -> float:
     return memory_share_mb()
 
 
+def cap_to_budget(cfg: Config, device: torch.device) -> None:
+    """On a GPU, cap this process's CUDA allocator at ``mem_budget_mb`` (of the device's total), so a job runs as if
+    the GPU had that much memory: an allocation past it is a real ``torch.OutOfMemoryError``."""
+    if cfg.mem_budget_mb is None or device.type != "cuda":
+        return
+    total_mb = torch.cuda.get_device_properties(device).total_memory / 2**20
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.mem_budget_mb / total_mb), device)
+
+
 def check_fits(cfg: Config, execution: Execution) -> None:
-    """On a CPU, a :class:`UsageError` where the job's ranks on this node (``execution.ranks_on_node`` processes of
-    ``cfg``) are predicted to need more memory than the
-    usable part of the budget (:func:`budget_mb`, :func:`usable_mb`): the kernel would kill the job mid-run, its run
-    left RUNNING. On a GPU an out of memory is an error the job takes (status ``oom``, ``oom_retry``)."""
+    """A :class:`UsageError` where the job's ranks on this node (``execution.ranks_on_node`` processes of ``cfg``)
+    are predicted to need more memory than the usable part of the budget (:func:`budget_mb`, :func:`usable_mb`): on
+    a CPU always (the kernel would kill the job mid-run, its run left RUNNING), on a GPU under ``mem_budget_mb``
+    (each rank's own: :func:`cap_to_budget`). Else on a GPU an out of memory is an error the job takes (status
+    ``oom``, ``oom_retry``)."""
     device, ranks = execution.device, execution.ranks_on_node
     if device.type != "cpu":
-        return
+        if cfg.mem_budget_mb is None:
+            return
+        ranks = 1  # each rank's process is capped on its own GPU
     each, budget = predicted(cfg, execution).total_mb, budget_mb(cfg, device)
+    if ranks * each <= usable_mb(budget, device):
+        return
+    each = predicted(cfg, execution, cached=False).total_mb  # a refusal never rests on a cached figure alone
     if ranks * each <= usable_mb(budget, device):
         return
     ranked = f"{ranks} ranks x {each / 1024:.1f} GiB" if ranks > 1 else f"{each / 1024:.1f} GiB"
@@ -56,10 +70,15 @@ def check_fits(cfg: Config, execution: Execution) -> None:
         if free is not None and cfg.mem_budget_mb is None
         else ""
     )
-    raise UsageError(
-        f"batch_size={cfg.batch_size}: the memory predictor puts this job's peak at {ranked}, more than "
+    room = (
         f"{budget_room(cfg, budget, free)} less {CPU_HEADROOM:.0%} (CPU peaks spread run to run; the kernel would kill "
-        f"the job mid-run): {fewer}lower batch_size, or batch_size=auto (the largest that fits), or save memory "
+        "the job mid-run)"
+        if device.type == "cpu"
+        else f"{budget_room(cfg, budget, free)} (the GPU's allocator is capped there)"
+    )
+    raise UsageError(
+        f"batch_size={cfg.batch_size}: the memory predictor puts this job's peak at {ranked}, more than {room}: "
+        f"{fewer}lower batch_size, or batch_size=auto (the largest that fits), or save memory "
         "(amp=true, model.checkpointing=true)"
     )
 
@@ -83,11 +102,12 @@ def usable_mb(budget: float, device: torch.device) -> float:
 
 def predicted_mb(cfg: Config, execution: Execution, batch_size: int, world: int = 1) -> float:
     """The prediction of ``cfg`` trained at ``batch_size``, at the accumulation it then trains with (:func:`at_batch`:
-    ``effective_batch_size`` sets it, and an accumulated gradient step holds more than a single one)."""
+    ``effective_batch_size`` sets it, and an accumulated gradient step holds more than a single one); kept in the
+    predictions' cache, so a dry run's search and the job's own replay each batch once."""
     target = cfg.effective_batch_size  # as at_batch sets it; at least 1 for a batch past the target (not a candidate)
     accumulate = max(1, target // (batch_size * world)) if target else cfg.accumulate
     at = dataclasses.replace(cfg, batch_size=batch_size, accumulate=accumulate)
-    return predict(at, execution, batch_size).total_mb
+    return predicted(at, execution).total_mb
 
 
 def check_one_sample(cfg: Config) -> None:
@@ -122,7 +142,10 @@ def smallest_batch(cfg: Config) -> int:
 
 
 def largest_predicted(cfg: Config, execution: Execution, budget: float, upper: int, world: int = 1) -> int:
-    """The largest micro-batch up to ``upper`` predicted within ``budget`` (bisection; 0 if none)."""
+    """The largest micro-batch up to ``upper`` predicted within ``budget`` (``upper`` itself first: one replay where it
+    fits, as most jobs' effective batch does; else bisection; 0 if none)."""
+    if upper >= smallest_batch(cfg) and predicted_mb(cfg, execution, upper, world) <= budget:
+        return upper
     low, high = smallest_batch(cfg) - 1, upper
     while low < high:
         mid = (low + high + 1) // 2
@@ -160,6 +183,7 @@ def probe_peak_mb(cfg: Config, execution: Execution, batch_size: int) -> float:
     """Measured peak of real training steps at ``batch_size`` (the run's model, data and precision): two, since the
     optimizer's state (Adam: 2x the parameters) exists only from the first step's end, in the second's peak."""
     probe = dataclasses.replace(cfg, batch_size=batch_size, accumulate=1, limit_batches=2, epochs=1, warmup_epochs=0)
+    cap_to_budget(cfg, execution.device)
     trainer = build_trainer(probe, execution, splits={"train": load_splits(cfg.data)["train"]})
     trainer.memory.start()
     peak = trainer.train_epoch(0)["mem/peak_mb"]
@@ -175,6 +199,8 @@ def predicted_candidates(cfg: Config, execution: Execution, world: int) -> tuple
     budget = budget_mb(cfg, execution.device)
     steps = world * (1 if cfg.effective_batch_size else cfg.accumulate)
     usable, upper = usable_mb(budget, execution.device), split_sizes(cfg.data)["train"] // steps
+    if cfg.effective_batch_size:  # no candidate exceeds a rank's share of it: the search stops there
+        upper = min(upper, cfg.effective_batch_size // world)
     largest = largest_predicted(cfg, execution, usable, upper, world)
     return budget, candidates(cfg, world, largest)
 
@@ -228,10 +254,25 @@ def fit_batch(cfg: Config, execution: Execution, world: int) -> tuple[Config, di
     raise no_batch_fits(cfg, budget)
 
 
-def predicted_batch(cfg: Config, execution: Execution, world: int) -> Config:
+def predicted_batch(cfg: Config, execution: Execution, world: int, refuse: bool = True) -> Config:
     """``batch_size=auto`` as the predictor alone chooses it, confirmed by no training step (a dry run): the largest
-    candidate; a probe may still refuse it."""
+    candidate; a probe may still refuse it. Where none fits: refused, or (not ``refuse``: a dry run's listing, which
+    says so) the smallest micro-batch."""
     budget, batches = predicted_candidates(cfg, execution, world)
     if not batches:
-        raise no_batch_fits(cfg, budget)
+        if refuse:
+            raise no_batch_fits(cfg, budget)
+        return at_batch(cfg, smallest_batch(cfg), world)
     return at_batch(cfg, batches[0], world)
+
+
+def budget_fit(cfg: Config, execution: Execution, world: int, peak_mb: float) -> tuple[float, int | None]:
+    """The budget (:func:`budget_mb`) and whether ``cfg``'s micro-batch, predicted at ``peak_mb``, fits its usable part
+    (the job's ranks on a CPU's memory together): None where it fits, else the largest smaller micro-batch predicted
+    to fit (0: none)."""
+    device = execution.device
+    budget = budget_mb(cfg, device)
+    usable = usable_mb(budget, device) / (execution.ranks_on_node if device.type == "cpu" else 1)
+    if peak_mb <= usable:
+        return budget, None
+    return budget, largest_predicted(cfg, execution, usable, cfg.batch_size - 1, world)

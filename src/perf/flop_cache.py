@@ -8,13 +8,16 @@ from __future__ import annotations
 import dataclasses
 import datetime
 
+from src.caches import number
 from src.config import Config
 from src.perf.probe_cache import ProbeCache, age, software_key
 from src.tracking.identity import NOT_HASHED
 from src.training.mfu import flops_per_sample
 
 MAX_AGE = datetime.timedelta(days=30)
-CACHE = ProbeCache("flops_per_sample.json", fresh=lambda entry: age(entry) <= MAX_AGE, fields=("flops_per_sample",))
+CACHE = ProbeCache(
+    "flops_per_sample.json", lambda entry: age(entry) <= MAX_AGE, {"flops_per_sample": number(0, above=True)}
+)
 
 
 def counted_flops(cfg: Config) -> float:

@@ -37,6 +37,17 @@ CPU_COPIED_MB = 64.0  # ... counted up to this size
 CPU_HEAP_KEPT = 0.8  # of the heap-served activations glibc keeps resident ...
 CPU_HEAP_KEPT_WEIGHTS = 10  # ... up to this many times the largest weight
 CPU_BASELINE = ("params_mb", "data_mb", "ema_mb")  # in the RSS at MemoryMonitor.start: not counted on CPU
+# A graphed step (CUDA only) holds, beyond the eager step, terms not yet fitted on a GPU (docs/memory.md): its private
+# pool, a share of the eager step's peak (the eager warm-up steps' blocks stay cached in the allocator, which the pool
+# does not reuse) ...
+GRAPH_POOL_STEP = 1.0
+# ... parameter-sized blocks, in units of the parameters (the excess of the graphed runs measured on an H200 followed
+# the parameters more than the activations: 4.5-15x the parameters against 0.8-6.6x the step's peak) ...
+GRAPH_WARMUP_KEPT = 4.0
+# ... and the capturable optimizer's device scalars: a ``step`` per parameter tensor and a learning rate per group, each
+# one block of the CUDA allocator's smallest size
+CAPTURABLE_BLOCK = 512
+GRAPHED = ("graph_pool_mb", "warmup_kept_mb", "capturable_mb")  # the prediction's graphed-step terms
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,7 @@ class Footprint:
     heap_activations: int  # saved storages below GLIBC_MMAP_CEILING: served from glibc's heap on CPU
     amp_copies: int
     peak: int
+    param_tensors: int = 0  # how many: a graphed step's capturable optimizer keeps a device scalar for each
 
 
 class LiveBytes(TorchDispatchMode):
@@ -188,6 +200,7 @@ def footprint(cfg: Config, execution: Execution, batch_size: int) -> Footprint:
             sum(size for size in saved.sizes if size < GLIBC_MMAP_CEILING),
             casts.nbytes,
             live.peak,
+            len(params),
         )
 
 
@@ -240,7 +253,9 @@ class MemoryPrediction:
     ``data_mb`` and ``ema_mb`` count on CUDA only (on CPU they are in ``MemoryMonitor``'s baseline); ``data_mb`` is 0
     unless ``data.loader=tensor``; ``best_weights_mb`` is the copy of the best weights ``fit`` holds from the second
     epoch on (0 for one epoch), ``ema_mb`` the averaged copy ``ema_decay`` keeps; ``static_inputs_mb`` a graphed step's
-    static batches. The graph's private pool is not modelled yet (docs/memory.md).
+    static batches, ``graph_pool_mb`` its private pool, ``warmup_kept_mb`` the parameter-sized blocks its eager warm-up
+    steps leave, ``capturable_mb`` its optimizer's device scalars (:func:`graphed_terms`: a structure not yet fitted on
+    a GPU, docs/memory.md); all four are 0 for an eager step.
     """
 
     device: str
@@ -256,6 +271,9 @@ class MemoryPrediction:
     best_weights_mb: float
     ema_mb: float
     static_inputs_mb: float
+    graph_pool_mb: float
+    warmup_kept_mb: float
+    capturable_mb: float
     transients_mb: float
     workspace_mb: float
     total_mb: float
@@ -289,6 +307,19 @@ def cpu_workspace(fp: Footprint, threads: int) -> float:
     return CPU_FIXED_MB * MIB + threads * fp.largest_param + copies + kept
 
 
+def graphed_terms(fp: Footprint, step_peak: int) -> dict[str, int]:
+    """Bytes a graphed step holds beyond the eager one, each a named term with its coefficient: the graph's private
+    pool (:data:`GRAPH_POOL_STEP` x the eager step's ``step_peak``: input, activations, AMP copies, gradients,
+    temporaries), parameter-sized blocks the eager warm-up steps leave allocated (:data:`GRAPH_WARMUP_KEPT` x the
+    parameters) and the capturable optimizer's device scalars (a ``step`` per parameter tensor, a learning rate per
+    group: :data:`CAPTURABLE_BLOCK` each). Not yet fitted on a GPU (docs/memory.md)."""
+    return {
+        "graph_pool_mb": round(GRAPH_POOL_STEP * step_peak),
+        "warmup_kept_mb": round(GRAPH_WARMUP_KEPT * fp.params),
+        "capturable_mb": CAPTURABLE_BLOCK * (fp.param_tensors + 1),  # graphed: Adam or AdamW, one param group
+    }
+
+
 def predict(cfg: Config, execution: Execution, batch_size: int | None = None) -> MemoryPrediction:
     """Predict ``mem/peak_mb`` of training ``cfg`` as ``execution`` runs its step, at ``batch_size`` (default
     ``cfg.batch_size``).
@@ -314,6 +345,7 @@ def predict(cfg: Config, execution: Execution, batch_size: int | None = None) ->
         "best_weights_mb": fp.params + fp.buffers if cfg.epochs > 1 else 0,
         "ema_mb": fp.params + fp.buffers if cfg.ema_decay is not None else 0,
         "static_inputs_mb": static_input_bytes(cfg, batch) if execution.graphed else 0,
+        **(graphed_terms(fp, peak) if execution.graphed else dict.fromkeys(GRAPHED, 0)),
         "transients_mb": max(0, peak - fp.params - fp.amp_copies - fp.activations - batch_in),
         "workspace_mb": cpu_workspace(fp, execution.threads) if device.type == "cpu" else 0,
     }

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 from collections.abc import Callable
 
 from omegaconf import OmegaConf
 
+from src.caches import Entry, integer, number, one_of, text, warn_once
 from src.config import Config
 from src.execution import Execution
 from src.perf.memory import MemoryPrediction, predict
@@ -23,19 +25,45 @@ from src.tracking.identity import config_hash, flatten
 
 MAX_AGE = datetime.timedelta(days=7)
 FIELDS = tuple(field.name for field in dataclasses.fields(MemoryPrediction))
-CACHE = ProbeCache("memory_predictions.json", fresh=lambda entry: age(entry) <= MAX_AGE, fields=FIELDS)
+SCHEMA = {
+    "device": text,
+    "step": one_of("eager", "graphed"),
+    "batch_size": integer(1),
+    **{name: number(0) for name in FIELDS if name.endswith("_mb")},
+    "total_mb": number(0, above=True),
+}
 
 
-def predicted(cfg: Config, execution: Execution) -> MemoryPrediction:
+def adds_up(entry: Entry) -> bool:
+    """Whether the entry's total is the sum of the parts its device counts, as :func:`predict` makes it."""
+    prediction = MemoryPrediction(**{field: entry[field] for field in FIELDS})
+    parts = sum(getattr(prediction, name) for name, counted in prediction.counted().items() if counted)
+    return math.isclose(prediction.total_mb, parts, rel_tol=1e-6)
+
+
+CACHE = ProbeCache("memory_predictions.json", lambda entry: age(entry) <= MAX_AGE, SCHEMA, adds_up)
+
+
+def predicted(cfg: Config, execution: Execution, cached: bool = True) -> MemoryPrediction:
     """``predict(cfg, execution)``, from the cache when it holds it; the replay holds the machine shared (no step
-    timing of another process meanwhile)."""
+    timing of another process meanwhile). ``cached=False``: replayed whatever the cache holds, and its entry replaced
+    (one warning where it held another figure), so a job is never refused on a cached figure alone."""
     device = execution.device
     probed = config_hash(flatten(OmegaConf.structured(dataclasses.replace(cfg, seed=0))))  # sizes, not values
     threads = execution.threads if device.type == "cpu" else 0  # a GPU's memory: not the host's threads
     step = " graphed" if execution.graphed else ""
     name = key(device, threads, f"{probed} {device.type}{step}")  # any GPU of the same name
     with machine(exclusive=False):
-        entry = CACHE.get(name) or CACHE.put(name, dataclasses.asdict(predict(cfg, execution)))
+        entry = CACHE.get(name)
+        if entry is None or not cached:
+            replayed = dataclasses.asdict(predict(cfg, execution))
+            if entry is not None and not math.isclose(entry["total_mb"], replayed["total_mb"], rel_tol=1e-6):
+                warn_once(
+                    CACHE.path,
+                    f"{CACHE.path} held {entry['total_mb']:.1f} MiB for this job, {replayed['total_mb']:.1f} MiB "
+                    "predicted now: its entry is replaced",
+                )
+            entry = CACHE.put(name, replayed)
     return MemoryPrediction(**{field: entry[field] for field in FIELDS})
 
 

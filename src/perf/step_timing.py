@@ -17,6 +17,7 @@ from collections.abc import Callable
 import psutil
 import torch
 
+from src.caches import boolean, integer, number, strings
 from src.perf.probe_cache import Entry, ProbeCache, age, key, machine
 from src.training.meters import CONTENDED_CORES, busy_cpu_seconds, tree_cpu_seconds
 
@@ -75,8 +76,17 @@ def fresh(entry: Entry) -> bool:
     return age(entry) <= (BUSY_MAX_AGE if entry["busy"] else MAX_AGE)
 
 
+DAY = 24 * 3600.0
+SCHEMA = {  # a step timed, as measure() takes it: a timing of one step over a day is no timing
+    "seconds": number(0, DAY, above=True),
+    "spread": number(0),
+    "steps": integer(2, MAX_STEPS),
+    "others_cpu": number(0),
+    "busy": boolean,
+    "shape": strings,
+}
 FIELDS = tuple(field.name for field in dataclasses.fields(StepTime))
-CACHE = ProbeCache("step_times.json", fresh, FIELDS)
+CACHE = ProbeCache("step_times.json", fresh, SCHEMA)
 
 
 def step_time(

@@ -23,7 +23,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from src.config import ReportConfig
+from src.config.bounded import load_yaml
 from src.errors import UsageError, first_few
+from src.redaction import reveal_store
 from src.report.analysis import (
     AUC,
     CONFIG_HASH,
@@ -83,11 +85,11 @@ def report_store(cfg: ReportConfig) -> str:
     recorded = recorded_config(Path(cfg.sweep).expanduser()) if cfg.sweep is not None else None
     if cfg.mlflow.tracking_uri is None and recorded is not None:
         try:
-            uri = OmegaConf.select(OmegaConf.load(recorded), "mlflow.tracking_uri", default=None)
+            uri = OmegaConf.select(load_yaml(recorded), "mlflow.tracking_uri", default=None)  # bounded: refused
         except (OSError, UnicodeDecodeError, yaml.YAMLError, OmegaConfBaseException):
             uri = None  # not a file Hydra wrote: the default store, whose check names what is missing
         if isinstance(uri, str) and uri:
-            return uri
+            return reveal_store(uri)  # as Hydra recorded it: a secret this command concealed put back
     return tracking_uri(cfg)
 
 

@@ -23,6 +23,7 @@ from src.atomic import atomic_path
 from src.config import ReportConfig
 from src.errors import UsageError
 from src.folders import writable
+from src.redaction import as_given, redact
 from src.report import plots
 from src.report.analysis import EFFECTS
 from src.report.register import best_model, register
@@ -37,6 +38,7 @@ from src.report.sections import (
     markdown_page,
     report_sections,
 )
+from src.spreadsheet import write_csv
 from src.tracking.store import ensure_store, store_exists
 
 log = logging.getLogger(__name__)
@@ -56,7 +58,7 @@ def write_report(
     analysis = analyse(frame, margins)
     out.mkdir(parents=True, exist_ok=True)
     undrawn = write_figures(analysis, selection.label, out)
-    sections = report_sections(analysis, selection, uri, margins, undrawn, datetime.now())
+    sections = report_sections(analysis, selection, as_given(uri), margins, undrawn, datetime.now())
     write_tables(analysis, out)
     write_pages(f"Report: {selection.label}", sections, out)
     return [out / name for name in FILES if (out / name).exists()]
@@ -81,21 +83,23 @@ def write_figures(analysis: Analysis, label: str, out: Path) -> dict[str, int]:
 
 
 def write_tables(analysis: Analysis, out: Path) -> None:
-    """``runs.csv`` (every run, the set-aside ones flagged) and ``effects.csv`` (one row per comparison)."""
+    """``runs.csv`` (every run, the set-aside ones flagged) and ``effects.csv`` (one row per comparison), no cell a
+    spreadsheet formula (:func:`write_csv`)."""
     for name, rows in (("runs.csv", analysis.runs), ("effects.csv", analysis.effects)):
         with atomic_path(out / name) as path:
-            rows.to_csv(path, index=False)
+            write_csv(rows, path)
 
 
 def write_pages(title: str, sections: list[Section], out: Path) -> None:
-    """``report.md`` and ``report.html``, the figures the sections show read from ``out``."""
+    """``report.md`` and ``report.html``, the figures the sections show read from ``out``; a secret of a URI in a
+    run's params (a run logged before they were concealed) as ``***``."""
     images = {s.image: (out / s.image).read_bytes() for s in sections if s.image}
     for name, text in (
         ("report.md", markdown_page(title, sections)),
         ("report.html", html_page(title, sections, images)),
     ):
         with atomic_path(out / name) as path:
-            path.write_text(text)
+            path.write_text(redact(text))
 
 
 def short_enough(key: str, path: str | None) -> None:

@@ -27,6 +27,7 @@ NOT_HASHED = (
     "tags",
     "dry_run",
     "gpu_share",
+    "fuse",  # a member trained fused computes its unfused run's steps to float32 rounding (docs/fused.md)
 )  # how a job is started and what it returns
 ADDED = {  # keys added from 2026-11-24, at the values that train as runs logged before them did: their hashes stay
     "select_by": "val_auc",

@@ -14,6 +14,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
 from src.folders import in_use
+from src.redaction import redact, redact_all
 from src.tracking.store import PROJECT_ROOT, experiment_id
 
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")  # Linux's, new at each boot
@@ -91,7 +92,8 @@ def close_orphan(client: mlflow.MlflowClient, run: mlflow.entities.Run, folder: 
 
 
 class RunLogger:
-    """One MLflow run, logged through the client in batches (one call per epoch, not per value)."""
+    """One MLflow run, logged through the client in batches (one call per epoch, not per value); its name, params and
+    tags with any secret of a URI as ``***`` (:func:`src.redaction.redact`)."""
 
     def __init__(self, client: mlflow.MlflowClient, run_id: str) -> None:
         self.client, self.run_id = client, run_id
@@ -106,10 +108,11 @@ class RunLogger:
         tags: dict[str, str],
         parent_id: str | None = None,
     ) -> RunLogger:
+        name = redact(name)
         tags = {**tags, MLFLOW_RUN_NAME: name, **({MLFLOW_PARENT_RUN_ID: parent_id} if parent_id else {})}
-        run = client.create_run(experiment_id(client, experiment), tags=tags, run_name=name)
+        run = client.create_run(experiment_id(client, experiment), tags=redact_all(tags), run_name=name)
         logger = cls(client, run.info.run_id)
-        items = [Param(k, v) for k, v in params.items()]
+        items = [Param(k, v) for k, v in redact_all(params).items()]
         for i in range(0, len(items), BATCH_LIMIT):
             client.log_batch(logger.run_id, params=items[i : i + BATCH_LIMIT])
         return logger
@@ -138,7 +141,7 @@ class RunLogger:
             self.client.log_inputs(self.run_id, datasets=inputs)
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+        self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in redact_all(tags).items()])
 
     def log_artifacts(self, folder: Path, artifact_path: str | None = None) -> None:
         self.client.log_artifacts(self.run_id, str(folder), artifact_path)

@@ -45,13 +45,17 @@ def job_parent_id() -> str | None:
 
 def parent_status(children: list[Run]) -> str:
     """A sweep's status from its jobs' runs: FINISHED when all finished; KILLED when some were preempted (KILLED,
-    tagged ``preempted=true``) and none failed otherwise; else FAILED. An out-of-memory attempt that was retried
-    (FAILED, tagged ``retried=true``) is no failure: its retry's run counts."""
+    tagged ``preempted=true``) or their process killed outright (KILLED, ``status=process_gone``: resumable alike)
+    and none failed otherwise; else FAILED. An out-of-memory attempt that was retried (FAILED, tagged
+    ``retried=true``) is no failure: its retry's run counts."""
 
     def marked(run: Run, status: str, tag: str) -> bool:
         return run.info.status == status and run.data.tags.get(tag) == "true"
 
-    preempted = [run for run in children if marked(run, "KILLED", "preempted")]
+    def gone(run: Run) -> bool:
+        return run.info.status == "KILLED" and run.data.tags.get("status") == "process_gone"
+
+    preempted = [run for run in children if marked(run, "KILLED", "preempted") or gone(run)]
     failed = [
         run
         for run in children

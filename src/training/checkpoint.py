@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from src.atomic import atomic_path
+from src.atomic import atomic_path, uninterrupted
 from src.errors import UsageError
 from src.folders import BEST_FILE as BEST_FILE
 from src.folders import CHECKPOINT_FILE
@@ -57,8 +57,9 @@ class _Writer(io.RawIOBase):
 
 def save(state: dict[str, Any], path: Path) -> None:
     """Write ``state`` atomically: a crash at any moment leaves the previous checkpoint or the new one; a full disk
-    raises :class:`src.atomic.NoSpace`."""
-    with atomic_path(path) as tmp, tmp.open("wb", buffering=0) as file:
+    raises :class:`src.atomic.NoSpace`. A second Ctrl-C during the write stops the job once the file is whole
+    (:func:`src.atomic.uninterrupted`): cut, the stop it serves would lose its checkpoint."""
+    with uninterrupted(f"writing {path.name}"), atomic_path(path) as tmp, tmp.open("wb", buffering=0) as file:
         writer = _Writer(file)
         try:
             torch.save(state, writer)

@@ -7,7 +7,6 @@ import ctypes
 import dataclasses
 import datetime
 import gc
-import json
 import os
 import platform
 import re
@@ -17,8 +16,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from src.atomic import atomic_path, read_json_object
-from src.folders import CACHE_ENV
+from src.caches import CacheFile, Schema, number, text
 from src.parallel.machine_share import GPU_JOBS_ENV, recorded_by_sweep
 
 _STATUS = Path("/proc/self/status")
@@ -220,10 +218,13 @@ KNOWN_PEAKS = {
 PEAK_MAX_AGE = datetime.timedelta(days=7)  # a cached probe older than this is taken again (the best one kept)
 
 
+PEAKS = CacheFile("peak_flops.json", Schema({"flops": number(0, above=True), "source": text}))
+
+
 def peak_cache_file() -> Path:
-    """``peak_flops.json`` in ``$MEDSWEEP_CACHE_DIR``, else ``$XDG_CACHE_HOME/medsweep``, else ``~/.cache/medsweep``."""
-    folder = os.environ.get(CACHE_ENV) or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "medsweep")
-    return Path(folder, "peak_flops.json")
+    """``peak_flops.json`` in the caches' folder (:func:`src.caches.folder`: ``$MEDSWEEP_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/medsweep``, else ``~/.cache/medsweep``)."""
+    return PEAKS.path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,26 +291,21 @@ def _table_peak(device: torch.device, dtype: torch.dtype) -> Peak | None:
 
 
 def cached_peaks() -> dict[str, Peak]:
-    """The peak cache file's entries (none when it is absent or not a JSON object). An entry that does not read as a
-    peak (the first format's bare number, one cut short or written by hand) is left out: probed again."""
-    peaks = {}
-    for key, entry in read_json_object(peak_cache_file()).items():
-        with contextlib.suppress(AttributeError, KeyError, TypeError, ValueError):
-            at = datetime.datetime.fromisoformat(entry["at"])
-            if at.tzinfo is not None and float(entry["flops"]) > 0:
-                peaks[key] = Peak(float(entry["flops"]), str(entry["source"]), at)
-    return peaks
+    """The peak cache's entries that fit it (:mod:`src.caches`): one that does not (the first format's bare number,
+    one cut short or written by hand) is left out, with one warning naming the file, and probed again."""
+    return {
+        key: Peak(entry["flops"], entry["source"], datetime.datetime.fromisoformat(entry["at"]))
+        for key, entry in PEAKS.entries().items()
+    }
 
 
 def _record(key: str, new: Peak) -> Peak:
-    """Stores under ``key`` the higher of ``new`` and the cached peak, stamped with ``new.at``; returns it."""
-    peaks = cached_peaks()
-    old = peaks.get(key)
-    peaks[key] = Peak(old.flops, old.source, new.at) if old and old.flops >= new.flops else new
-    entries = {k: {"flops": p.flops, "source": p.source, "at": p.at.isoformat()} for k, p in peaks.items()}
-    with atomic_path(peak_cache_file()) as partial:
-        partial.write_text(json.dumps(entries, indent=2))
-    return peaks[key]
+    """Stores under ``key`` the higher of ``new`` and the cached peak, stamped with ``new.at``; returns it (also
+    where the cache cannot be written: one warning)."""
+    old = cached_peaks().get(key)
+    best = Peak(old.flops, old.source, new.at) if old and old.flops >= new.flops else new
+    PEAKS.update(key, {"flops": best.flops, "source": best.source, "at": best.at.isoformat()})
+    return best
 
 
 def peak_flops(device: torch.device, dtype: torch.dtype) -> Peak:

@@ -12,6 +12,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from src.atomic import uninterrupted
+from src.spreadsheet import write_csv
+
 BINARY = "binary-class"
 ECE_BINS = 15
 DPI = 120
@@ -21,10 +24,12 @@ ANNOTATED_MAX = 30  # classes up to which each cell of the confusion matrix show
 
 def load_libraries() -> None:
     """Import what evaluation uses (~70 MiB resident) before the memory baseline is taken (``Trainer.fit``): loaded at
-    the first validation, it counted in the ``mem/peak_mb`` of a process's first job, not in later ones'."""
-    import medmnist.evaluator  # noqa: F401
-    import sklearn.calibration  # noqa: F401
-    import sklearn.metrics  # noqa: F401
+    the first validation, it counted in the ``mem/peak_mb`` of a process's first job, not in later ones'. A second
+    Ctrl-C waits for the imports' end: medmnist's catches every exception, the ``KeyboardInterrupt`` too."""
+    with uninterrupted("importing evaluation's libraries"):
+        import medmnist.evaluator  # noqa: F401
+        import sklearn.calibration  # noqa: F401
+        import sklearn.metrics  # noqa: F401
 
 
 def medmnist_metrics(labels: np.ndarray, scores: np.ndarray, task: str) -> dict[str, float]:
@@ -121,5 +126,5 @@ def write_eval_artifacts(
     table = pd.DataFrame(
         {"index": np.arange(len(labels)), "label": labels, **{f"score_{j}": scores[:, j] for j in range(k)}}
     )
-    table.to_csv(csv_path, index=False, float_format="%.9g")  # 9 digits: float32 scores round-trip exactly
+    write_csv(table, csv_path, float_format="%.9g")  # 9 digits: float32 scores round-trip exactly
     return [figure_path, csv_path]

@@ -260,7 +260,9 @@ class Trainer:
         return bool(all_reduce({"stop": flag}, dist.ReduceOp.MAX)["stop"].item())
 
     def _preempt(self, epoch: int, step: int) -> NoReturn:
-        """Checkpoint the exact position (every rank's running sums gathered to the main rank), then stop."""
+        """Checkpoint the exact position (every rank's running sums gathered to the main rank), then stop; a signal
+        from now on does not interrupt it."""
+        self.hooks.preemption.begin("checkpointing the stopped step")
         self.epoch, self.step = epoch, step
         self.running = {
             "loss": gather(self.loss_sum.item(), self.device),
@@ -354,26 +356,39 @@ class Trainer:
         Epochs' metrics are logged after the checkpoint that holds them (:class:`CheckpointLog`). Only the main rank
         validates, tests, logs and returns metrics; the others return ``{}``.
         """
-        self._start = time.perf_counter() - self.elapsed_s
-        self.saving.start(log_metrics)
-        self.memory.start()
+        self.begin(log_metrics)
         for epoch in range(self.epoch, self.cfg.epochs):
             if self._patience_exhausted():
                 break
-            metrics = self.train_epoch(epoch)
-            self.epoch = epoch + 1
-            if not self.rank.is_main:
-                continue
-            with self._spent("time/validate_s"):
-                metrics.update(self.evaluate("val"))
-            if self.selection.improves(metrics, self.epoch, first=self.best_state is None):
-                self.best_state, self.best_epoch = copy.deepcopy(self.evaluated.state_dict()), self.epoch
-            self.saving.pending.append((epoch, metrics))
-            log.info("epoch %d/%d %s", epoch + 1, self.cfg.epochs, " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
-            if self.saving.due():
-                self._checkpoint_and_log()
+            self.end_epoch(epoch, self.train_epoch(epoch))
         if not self.rank.is_main:
             return {}
+        return self.test_selected(log_tested or log_metrics)
+
+    def begin(self, log_metrics: Callable[[dict[str, float], int], None]) -> None:
+        """Training starts (or goes on): the run's clock, the checkpoint interval, the memory peaks."""
+        self._start = time.perf_counter() - self.elapsed_s
+        self.saving.start(log_metrics)
+        self.memory.start()
+
+    def end_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
+        """After epoch ``epoch`` trained (``metrics``: its training metrics): the main rank validates, keeps the
+        weights ``select_by`` chooses, and checkpoints when due (its metrics logged once a checkpoint holds them)."""
+        self.epoch = epoch + 1
+        if not self.rank.is_main:
+            return
+        with self._spent("time/validate_s"):
+            metrics.update(self.evaluate("val"))
+        if self.selection.improves(metrics, self.epoch, first=self.best_state is None):
+            self.best_state, self.best_epoch = copy.deepcopy(self.evaluated.state_dict()), self.epoch
+        self.saving.pending.append((epoch, metrics))
+        log.info("epoch %d/%d %s", epoch + 1, self.cfg.epochs, " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+        if self.saving.due():
+            self._checkpoint_and_log()
+
+    def test_selected(self, log_tested: Callable[[dict[str, float], int], None]) -> dict[str, float]:
+        """The main rank's end of training: the last epochs checkpointed and logged, the selected weights tested; the
+        run's final figures, logged by ``log_tested``."""
         if self.saving.pending:  # the last epoch trained (or the one early stopping ended on)
             self._checkpoint_and_log()
         self.evaluated.load_state_dict(self.best_state)
@@ -388,7 +403,7 @@ class Trainer:
             "best_epoch": float(self.best_epoch),
             **self.speed(),
         }
-        (log_tested or log_metrics)(final, self.cfg.epochs)
+        log_tested(final, self.cfg.epochs)
         return final
 
     def speed(self) -> dict[str, float]:

@@ -81,3 +81,29 @@ def test_the_targets_of_a_missing_folder_are_one_error_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         gpu_targets.main([str(tmp_path / "nothing")])
     assert exit_.value.code == 2 and capsys.readouterr().err == f"error: {tmp_path / 'nothing'}: no such folder\n"
+
+
+def memory_record(step: str, predicted: float, measured: float | None) -> dict:
+    """A ``memory_table.py --gpu-grid --json`` record (``measured`` None: a cell that failed)."""
+    cell = ["model=resnet18", "data.size=28", "model.stem=standard", "batch_size=4", "amp=true"]
+    cell.append(f"cuda_graphs={str(step == 'graphed').lower()}")
+    if measured is None:
+        return {"cell": cell, "error": "OutOfMemoryError: CUDA out of memory"}
+    return {"cell": cell, "prediction": {"step": step, "total_mb": predicted}, "measured_mb": measured}
+
+
+def test_the_memory_grid_rows_count_the_cells_within_15_percent_and_name_the_failed(tmp_path):
+    records = [
+        memory_record("graphed", 1000, 1100),
+        memory_record("graphed", 1000, 1400),
+        memory_record("graphed", 1000, None),
+        memory_record("eager", 500, 520),
+        memory_record("eager", 500, 430),
+    ]
+    (tmp_path / "memory.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+    rows = {row.split(" | ")[0].lstrip("| "): row for row in gpu_targets.table(tmp_path).splitlines()[2:]}
+    graphed = rows["43: memory predictor, graphed cells within +-15% (GPU grid)"]
+    assert graphed.endswith("| all | 1 of 2 cells (ratios 1.10-1.40; 1 failed) | **missed** |")
+    eager = rows["43: memory predictor, eager cells within +-15% (GPU grid)"]
+    assert eager.endswith("| all | 2 of 2 cells (ratios 0.86-1.04) | met |")
+    assert rows["43: densenet121 128^3 under 24 GiB: largest micro-batch trained"].endswith("| not measured | - |")

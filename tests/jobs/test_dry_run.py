@@ -19,7 +19,7 @@ from src.jobs.dry_run import Rate, job_seconds
 from src.jobs.dry_run_total import rounded
 from src.jobs.resume import Resume
 from src.perf import step_timing
-from src.perf.autobatch import CPU_HEADROOM
+from src.perf.autobatch import CPU_HEADROOM, largest_predicted
 from src.perf.memory import predict
 from src.perf.probe_cache import now
 from src.tracking.identity import config_hash, flatten, run_name
@@ -36,8 +36,11 @@ def store_files(folder: Path) -> dict[str, str]:
     return {str(path): hashlib.sha256(path.read_bytes()).hexdigest() for path in paths if path.is_file()}
 
 
-def listed(stdout: str) -> list[str]:
-    return [line for line in stdout.splitlines() if line.startswith(("job ", "total: "))]
+def listed(stdout: str, fits: bool = False) -> list[str]:
+    """The job lines and the total; without ``fits``, each job line's ``| fits ...`` column left out (it depends on the
+    memory free: its own test checks it)."""
+    lines = [line for line in stdout.splitlines() if line.startswith(("job ", "total: "))]
+    return lines if fits else [re.sub(r" \| fits [^|]+(?= \| )", "", line) for line in lines]
 
 
 def estimates(lines: list[str]) -> list[str]:
@@ -212,6 +215,32 @@ def test_one_shape_is_timed_once_and_a_second_dry_run_reuses_it_until_it_expires
     assert timings(cache)[name]["at"] > entry["at"]  # timed again, stamped now
 
 
+@pytest.mark.slow
+def test_a_many_job_dry_sweep_plans_each_job_shape_once_and_launches_no_job(tmp_path, store, shared_data, monkeypatch):
+    """Twelve jobs of two shapes (the micro-batch sets them apart; seeds and learning rates do not): each shape's
+    batch, peak and rate planned once, in the sweep's main process, whose checks composed and planned every job
+    already. Each job was composed three times and planned twice, its shape probed each time (a 200-job seed sweep
+    took 401 s under load)."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("MEDSWEEP_CACHE_DIR", str(cache))
+    sweep = ("seed=0,1,2", "optim.lr=0.001,0.01", "batch_size=2,4", "epochs=1", "dry_run=true")
+    result = run_cli("-m", *small_run(tmp_path, store, shared_data, *sweep))
+    assert result.returncode == 0, result.stderr[-3000:]
+    *lines, last = listed(result.stdout)
+    assert [line.partition(":")[0] for line in lines] == [f"job {n}" for n in range(12)]
+    assert last.startswith("total: 12 to run, 0 to skip |")
+    logged = result.stdout + result.stderr  # the sweep's main process logs as Hydra's own lines do
+    planned = re.findall(r"planned job shape (\d+) \(batch_size=(\d+)\b.*\): jobs ([0-9, ]+)$", logged, re.M)
+    assert sorted((shape, batch) for shape, batch, _ in planned) == [("1", "2"), ("2", "4")], logged[-3000:]
+    for _, batch, jobs in planned:  # the jobs it planned for: those of its micro-batch
+        assert jobs.split(", ") == [line.partition(":")[0][4:] for line in lines if f"at batch {batch} |" in line]
+    for batch in ("2", "4"):  # the jobs of a shape list its figures
+        assert len({line.split(" | ", 2)[2] for line in lines if f"at batch {batch} |" in line}) == 1
+    assert len(timings(cache)) == 2  # one timing per shape, as before
+    assert len(json.loads((cache / "memory_predictions.json").read_text())) == 2  # one prediction per shape
+    assert not (tmp_path / "sweep").exists()  # no job launched: no job folder, no .hydra/, no figures to gather
+
+
 def test_a_lines_estimate_says_its_basis_and_its_spread():
     assert Rate(10.0, "timed 14 steps", spread=0.083).estimate(12.0) == "~12 min ±8% (timed 14 steps)"
     runs = Rate(10.0, "from 3 finished runs", runs=(9.0, 10.0, 11.0))
@@ -231,3 +260,39 @@ def test_a_dry_run_and_the_memory_command_take_a_nifti_folder_and_write_no_cache
     assert memory.returncode == 0, memory.stderr[-3000:]
     assert "predicted peak memory on cpu, batch 2" in memory.stdout
     assert not (data / ".medsweep").exists() and runs(store) == []
+
+
+@pytest.mark.slow
+def test_a_dry_run_lists_whether_each_job_fits_the_budget_and_at_which_batch_and_refuses_none(
+    tmp_path, new_store, shared_data
+):
+    """Under a ``mem_budget_mb`` that batch 2 fits and batch 16 does not, batch 16's line names the largest micro-batch
+    predicted to fit; under 1 MiB a given batch and ``batch_size=auto`` fit none: listed, not refused (the real
+    jobs would be refused before any run)."""
+
+    def peak(batch: int) -> float:
+        cfg, execution = validate(
+            compose_config(*job_overrides(tmp_path, new_store, shared_data, f"batch_size={batch}"))
+        )
+        return predict(cfg, execution).total_mb
+
+    budget = (peak(2) + peak(16)) / 2 / (1 - CPU_HEADROOM)  # batch 2 within its usable part, 16 past it
+    overrides = job_overrides(tmp_path, new_store, shared_data, "batch_size=16", f"mem_budget_mb={budget}")
+    cfg, execution = validate(compose_config(*overrides))
+    largest = largest_predicted(cfg, execution, budget * (1 - CPU_HEADROOM), 15)
+    assert 2 <= largest < 16
+    sweep = ("batch_size=2,16", f"mem_budget_mb={budget}", "dry_run=true")
+    result = run_cli("-m", *small_run(tmp_path, new_store, shared_data, *sweep))
+    assert result.returncode == 0, result.stderr[-3000:]
+    size = f"{budget:.3g} MiB" if budget < 1024 else f"{budget / 1024:.3g} GiB"
+    two, sixteen, _ = listed(result.stdout, fits=True)
+    assert f"at batch 2 | fits {size}: yes | ~" in two
+    assert f"at batch 16 | fits {size}: no: fits at batch {largest} | ~" in sixteen
+    tiny = small_run(tmp_path / "tiny", new_store, shared_data, "batch_size=4,auto", "mem_budget_mb=1", "dry_run=true")
+    result = run_cli("-m", *tiny)
+    assert result.returncode == 0, result.stderr[-3000:]
+    given, auto, _ = listed(result.stdout, fits=True)
+    assert (
+        "at batch 4 | fits 1 MiB: no batch fits | ~" in given and "at batch 2 | fits 1 MiB: no batch fits | ~" in auto
+    )
+    assert not (tmp_path / "mlflow.db").exists()

@@ -11,9 +11,7 @@ import sys
 
 import mlflow
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import OmegaConf, open_dict
+from omegaconf import OmegaConf
 
 from src.folders import held
 from src.jobs.job import in_sweep
@@ -21,7 +19,7 @@ from src.jobs.stop_record import read_stop
 from src.parallel.preemption import Preemption
 from src.tracking.store import ensure_store
 from tests.helpers import ROOT, clean_error_line, run_cli, runs, small_run
-from tests.jobs.helpers import unfinished_run
+from tests.jobs.helpers import as_sweep_job, unfinished_run
 
 
 @pytest.mark.slow
@@ -69,12 +67,7 @@ def test_submitits_timeout_signal_after_a_job_trained_ends_that_job_only(tmp_pat
     """submitit's timeout signal (USR2) that came during a job's test stopped the whole sweep: on SLURM, with
     ``array_parallelism`` jobs at a time, the jobs not started yet never were."""
     monkeypatch.setenv("SUBMITIT_EXECUTOR", "local")
-    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        composed = compose("config", [f"hydra.sweep.dir={tmp_path}"], return_hydra_config=True)
-    with open_dict(composed):
-        composed.hydra.job.num = 0
-    monkeypatch.setattr(HydraConfig.instance(), "cfg", None)  # the test's Hydra config goes with it
-    HydraConfig.instance().set_config(composed)
+    as_sweep_job(tmp_path, monkeypatch)
     preemption = Preemption()
 
     def trained() -> float:
@@ -96,12 +89,7 @@ def test_a_submitit_job_its_signal_stopped_that_submitit_will_not_requeue_stops_
     from src.parallel.preemption import Preempted
 
     monkeypatch.setenv("SUBMITIT_EXECUTOR", "local")
-    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        composed = compose("config", [f"hydra.sweep.dir={tmp_path}"], return_hydra_config=True)
-    with open_dict(composed):
-        composed.hydra.job.num = 0
-    monkeypatch.setattr(HydraConfig.instance(), "cfg", None)
-    HydraConfig.instance().set_config(composed)
+    as_sweep_job(tmp_path, monkeypatch)
     preemption = Preemption()
 
     def not_requeued(signum, frame):
@@ -116,7 +104,7 @@ def test_a_submitit_job_its_signal_stopped_that_submitit_will_not_requeue_stops_
         run_id = "r"
 
         def set_tags(self, tags):
-            self.tags = tags
+            self.tags = {**getattr(self, "tags", {}), **tags}
 
         def finish(self, status):
             self.status = status
@@ -130,5 +118,6 @@ def test_a_submitit_job_its_signal_stopped_that_submitit_will_not_requeue_stops_
 
     assert math.isnan(in_sweep(OmegaConf.create(), stopped, preemption))
     assert run.status == "KILLED" and run.tags["preempted"] == "true"
+    assert run.tags["requeue_refused"] == "Job not requeued because: timed-out too many times."  # why, on the run
     stop = read_stop(tmp_path)
     assert stop is not None and stop.error is None and stop.code == 128 + signal.SIGUSR2  # not "job 0 failed", exit 1

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from src.errors import UsageError
 from src.jobs.rerun import rerun_config
 from src.tracking.store import ensure_store, experiment_id
-from tests.helpers import compose_config, history, run_cli, runs, small_run
+from tests.helpers import alias_bomb, compose_config, history, one_error_line, run_cli, runs, small_run
 
 
 def config_artifact(store: str, run_id: str, folder) -> dict:
@@ -136,3 +136,17 @@ def test_a_damaged_or_outdated_config_artifact_is_one_line(tmp_path, store, arti
     message = refused(store, f"rerun={run_id}")
     assert message.startswith(f"rerun={run_id}: its logged config does not fit today's schema (") and why in message
     assert message.endswith("): check out the run's git_commit tag to rerun it")
+
+
+@pytest.mark.slow
+def test_a_rerun_of_a_config_artifact_holding_an_alias_bomb_is_one_line(tmp_path, store):
+    """The artifact is the run's, anyone who logs to the store can replace it: the rerun gave no answer in 60 s."""
+    client = ensure_store(store)
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "config.yaml").write_text(alias_bomb())
+    run_id = client.create_run(experiment_id(client, "medsweep")).info.run_id
+    client.log_artifacts(run_id, str(tmp_path / ".hydra"), ".hydra")
+    result = run_cli(f"rerun={run_id}", f"mlflow.tracking_uri={store}", f"hydra.run.dir={tmp_path}/rerun", timeout=60)
+    line = one_error_line(result)
+    assert line.startswith(f"error: rerun={run_id}: its .hydra/config.yaml artifact ") and "alias" in line, line
+    assert [r.info.run_id for r in runs(store)] == [run_id]

@@ -34,6 +34,7 @@ from tests.helpers import (
     history,
     hydra_job,
     kill_group,
+    one_error_line,
     run_cli,
     runs,
     small_run,
@@ -483,3 +484,21 @@ def test_of_two_runs_of_one_config_planned_at_once_the_later_one_goes(tmp_path, 
     client.set_tag(first, "code_fingerprint", "0ld")  # skip_finished=true skips only a run of this code
     assert earlier_twin(client, typed, second) is None
     assert earlier_twin(client, dataclasses.replace(typed, skip_finished="config"), second) == first
+
+
+def test_a_checkpoint_whose_config_is_a_pickled_alias_bomb_is_one_line(tmp_path, store, shared_data):
+    """A checkpoint's config is unpickled with its sharing: a list referred to ten times at each of nine levels is
+    a few hundred bytes, and 10^9 values to OmegaConf, which copies each: ``resume=`` gave no answer in 60 s."""
+    folder, overrides = tmp_path / "run", [f"data.root={shared_data}", f"mlflow.tracking_uri={store}"]
+    folder.mkdir()
+    run_id = unfinished_run(ensure_store(store), overrides, folder, "KILLED")
+    bomb = ["lol"] * 10
+    for _ in range(8):
+        bomb = [bomb] * 10
+    state = checkpoint.load(folder / checkpoint.FILE)
+    checkpoint.save({**state, "config": {**state["config"], "epochs": bomb}}, folder / checkpoint.FILE)
+    result = run_cli(f"resume={folder}", *overrides, f"hydra.run.dir={tmp_path}/resumed", timeout=60)
+    assert one_error_line(result) == (
+        f"error: resume={folder}: run {run_id} was checkpointed with a config that holds more than 20000 values once "
+        "its shared references are expanded (an alias bomb: a few hundred bytes, billions of values): not read"
+    )

@@ -17,7 +17,19 @@ from omegaconf import OmegaConf
 
 from src.errors import UsageError
 from src.jobs.sweep_checks import SweepJob
-from tests.helpers import JOBLIB, ROOT, compose_config, kill_group, one_error_line, run_cli, runs, small_run, sweep_runs
+from src.training import checkpoint
+from tests.helpers import (
+    JOBLIB,
+    ROOT,
+    compose_config,
+    kill_group,
+    one_error_line,
+    run_cli,
+    runs,
+    small_run,
+    sweep_runs,
+    wait_for_path,
+)
 
 
 @pytest.mark.slow
@@ -178,6 +190,61 @@ def test_a_joblib_sweep_killed_outright_stops_its_workers_and_the_same_command_r
     assert {r.info.status for r in after} == {"FINISHED"}
     ended = {p.info.run_id: (p.info.status, p.data.tags.get("status")) for p in parents}
     assert ended.pop(parent.info.run_id) == ("KILLED", "process_gone") and list(ended.values()) == [("FINISHED", None)]
+
+
+@pytest.mark.slow
+def test_two_ctrl_cs_to_a_joblib_sweep_while_its_jobs_checkpoint_end_in_a_resumable_stop(tmp_path, store, shared_data):
+    """The second Ctrl-C (to the whole process group, as a terminal sends it) cut a job's checkpoint: that job's run
+    ended KILLED with nothing to resume, the parent run FAILED, and the same command trained the job in a new run."""
+    args = (*JOBLIB, *small_run(tmp_path, store, shared_data, *TRAINING, "seed=0,1"))
+    process, log = start_sweep(tmp_path, *args)
+    wait_for(log, "start-up", 2, process)  # both jobs train
+    os.killpg(process.pid, signal.SIGINT)
+    wait_for_path(tmp_path / "sweep", "*/.checkpoint.pt.*.tmp", process)  # a job's stop writes its checkpoint
+    os.killpg(process.pid, signal.SIGINT)
+    assert finish(process, log) == 130, log.read_text()[-3000:]
+    assert "Traceback" not in log.read_text()
+    (parent,), jobs = sweep_runs(store)
+    assert (parent.info.status, parent.data.tags.get("preempted")) == ("KILLED", "true")
+    assert {(r.info.status, r.data.tags["preempted"]) for r in jobs} == {("KILLED", "true")} and len(jobs) == 2
+    for run in jobs:
+        assert checkpoint.load(Path(run.data.tags["output_dir"]) / checkpoint.FILE)["run_id"] == run.info.run_id
+    assert not list((tmp_path / "sweep").glob("**/.*.tmp"))
+
+    again = run_cli("-m", *args)  # the same command
+    assert again.returncode == 0, again.stderr[-3000:]
+    _, after = sweep_runs(store)
+    assert sorted((r.info.run_id, r.info.status) for r in after) == sorted((r.info.run_id, "FINISHED") for r in jobs)
+
+
+@pytest.mark.slow
+def test_a_joblib_worker_killed_outright_stops_the_sweep_resumably_in_one_line(tmp_path, store, shared_data):
+    """SIGKILL to one of joblib's workers (the out-of-memory killer's way): loky killed the other worker too, Hydra
+    printed a `TerminatedWorkerError` traceback, both runs stayed RUNNING and the parent run FAILED."""
+    args = (*JOBLIB, *small_run(tmp_path, store, shared_data, *TRAINING, "epochs=3", "checkpoint.every_s=0"))
+    args = (*args, "seed=0,1,2")
+    process, log = start_sweep(tmp_path, *args)
+    wait_for(log, "start-up", 2, process)
+    for job in ("0", "1"):  # both running jobs have something to resume
+        wait_for_path(tmp_path / "sweep" / job, checkpoint.FILE, process)
+    workers = psutil.Process(process.pid).children()
+    (worker, *_) = [p for p in workers if "resource_tracker" not in " ".join(p.cmdline())]
+    worker.kill()
+    assert finish(process, log) == 128 + signal.SIGKILL, log.read_text()[-3000:]
+    text = log.read_text()
+    assert "Traceback" not in text, text[-3000:]
+    (line,) = [line for line in text.splitlines() if line.startswith("error:")]
+    assert "was killed (SIGKILL)" in line and "the same command again resumes the sweep" in line
+    (parent,), jobs = sweep_runs(store)
+    assert parent.info.status == "KILLED" and len(jobs) == 2
+    assert {r.info.status for r in jobs} == {"KILLED"}  # none left RUNNING
+    assert {r.data.tags.get("status") or r.data.tags["preempted"] for r in jobs} == {"process_gone", "true"}
+
+    again = run_cli("-m", *args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    _, after = sweep_runs(store)
+    resumed = {r.info.run_id: r.info.status for r in after if r.info.run_id in {j.info.run_id for j in jobs}}
+    assert resumed == {r.info.run_id: "FINISHED" for r in jobs} and len(after) == 3  # job 2 trained in a new run
 
 
 @pytest.mark.slow

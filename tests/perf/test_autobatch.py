@@ -11,6 +11,8 @@ from omegaconf import OmegaConf
 
 from src.data.files import split_sizes
 from src.errors import UsageError
+from src.execution import resolve
+from src.perf import autobatch
 from src.perf.autobatch import (
     CPU_HEADROOM,
     check_fits,
@@ -98,8 +100,9 @@ def test_no_batch_fitting_names_the_budget_as_given(shared_data):
         predicted_batch(dataclasses.replace(cfg, mem_budget_mb=0.5), on_cpu(cfg), 1)
 
 
-def test_a_given_batch_past_the_memory_free_is_refused_on_cpu(shared_data):
-    """Past it the kernel kills the job mid-run (its run left RUNNING); a GPU's out of memory is the job's to take."""
+def test_a_given_batch_past_the_memory_free_is_refused_on_cpu_and_past_a_gpus_budget(shared_data, monkeypatch):
+    """Past it the kernel kills the job mid-run (its run left RUNNING); a GPU's out of memory is the job's to take,
+    except past ``mem_budget_mb``, where its allocator is capped (predicted on fake tensors: no GPU needed)."""
     cfg = OmegaConf.to_object(compose_config("model=resnet10", "batch_size=4", f"data.root={shared_data}"))
     execution = on_cpu(cfg)
     check_fits(cfg, execution)
@@ -109,8 +112,13 @@ def test_a_given_batch_past_the_memory_free_is_refused_on_cpu(shared_data):
         check_fits(cfg, dataclasses.replace(execution, ranks_on_node=1_000_000))  # past any machine
     with pytest.raises(UsageError, match=r"GiB, more than mem_budget_mb=1 less 15% \(CPU peaks .*\): lower batch_size"):
         check_fits(dataclasses.replace(cfg, mem_budget_mb=1), execution)
+    # a GPU's replay needs CUDA: the same config's CPU prediction stands in for it
+    monkeypatch.setattr(autobatch, "predicted", lambda cfg, _, cached=True: predict(cfg, execution))
     gpu = execution.on(torch.device("cuda"))
-    check_fits(dataclasses.replace(cfg, mem_budget_mb=1), gpu)  # not a CPU: the job's
+    check_fits(cfg, gpu)  # no budget: the job's to take
+    with pytest.raises(UsageError, match=r"GiB, more than mem_budget_mb=1 \(the GPU's allocator is capped"):
+        check_fits(dataclasses.replace(cfg, mem_budget_mb=1), gpu)
+    check_fits(dataclasses.replace(cfg, mem_budget_mb=10**6), dataclasses.replace(gpu, ranks_on_node=1_000_000))
 
 
 @pytest.mark.parametrize(
@@ -144,3 +152,31 @@ def test_a_derived_batch_that_does_not_divide_names_the_fix():
         r"batch_size is effective_batch_size / \(accumulate x ranks\)$",
     ):
         OmegaConf.to_object(compose_config("batch_size=derived"))
+
+
+@pytest.mark.gpu
+def test_a_gpu_budget_caps_the_allocator_and_an_allocation_past_it_is_a_real_out_of_memory(shared_data):
+    cfg = OmegaConf.to_object(compose_config("device=cuda", "mem_budget_mb=256", f"data.root={shared_data}"))
+    cuda = torch.device("cuda", torch.cuda.current_device())
+    autobatch.cap_to_budget(cfg, cuda)
+    try:
+        torch.empty(64 * 2**20, device=cuda)  # 256 MiB: the budget's whole
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.empty(512 * 2**20, device=cuda)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, cuda)
+        torch.cuda.empty_cache()
+
+
+@pytest.mark.gpu
+def test_a_gpu_budget_shrinks_auto_and_refuses_a_given_batch_predicted_past_it(shared_data):
+    cfg = OmegaConf.to_object(
+        compose_config("model=resnet18", "device=cuda", "batch_size=auto", f"data.root={shared_data}")
+    )
+    execution = resolve(cfg)
+    roomy = predicted_batch(dataclasses.replace(cfg, mem_budget_mb=8000), execution, 1).batch_size
+    tight = predicted_batch(dataclasses.replace(cfg, mem_budget_mb=600), execution, 1).batch_size
+    assert tight < roomy
+    given = dataclasses.replace(cfg, batch_size=roomy, mem_budget_mb=600)
+    with pytest.raises(UsageError, match=r"more than mem_budget_mb=600 \(the GPU's allocator is capped there\)"):
+        check_fits(given, execution)

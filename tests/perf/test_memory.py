@@ -181,6 +181,25 @@ def test_kept_heap_is_a_share_of_the_heap_served_activations_bounded_by_the_larg
     assert kept(2 * bound) == kept(bound) == pytest.approx(memory.CPU_HEAP_KEPT * bound)
 
 
+def test_a_graphed_step_adds_its_pool_the_warm_up_blocks_and_the_capturable_scalars_each_with_its_coefficient():
+    """The graphed terms (a structure awaiting a GPU fit, docs/memory.md) follow their coefficients; a CPU step is never
+    graphed, so its prediction holds none of them (the replay is the CPU's: a real graphed step needs CUDA)."""
+    cfg = typed("accumulate=2")
+    eager = on_cpu(cfg)
+    plain, graphed = (memory.predict(cfg, dataclasses.replace(eager, graphed=g), 4) for g in (False, True))
+    fp = footprint(cfg, 4)
+    step_peak = max(fp.peak, fp.params + memory.step_temporaries(cfg.optim, CPU, fp))
+    assert graphed.graph_pool_mb == pytest.approx(memory.GRAPH_POOL_STEP * step_peak / memory.MIB, abs=1e-6)
+    assert graphed.warmup_kept_mb == pytest.approx(memory.GRAPH_WARMUP_KEPT * plain.params_mb, abs=1e-6)
+    tensors = len(list(build_model(cfg.model, cfg.data).parameters()))
+    assert graphed.capturable_mb == memory.CAPTURABLE_BLOCK * (tensors + 1) / memory.MIB
+    assert {term: getattr(plain, term) for term in memory.GRAPHED} == dict.fromkeys(memory.GRAPHED, 0)
+    assert graphed.total_mb - graphed.static_inputs_mb == pytest.approx(
+        plain.total_mb + sum(getattr(graphed, term) for term in memory.GRAPHED)
+    )
+    assert "graph_pool" in graphed.table()
+
+
 def measured_cell(shared_data, *overrides: str, repeats: int = 3, threads: int = 2) -> dict:
     """One real training cell (``benchmarks/memory_table.py --cell``) in fresh processes, until a reading lies within
     tolerance of the prediction or ``repeats`` were taken; the lowest reading. On a loaded 2-core machine glibc

@@ -7,6 +7,7 @@ import datetime
 import pytest
 import torch
 
+from src.caches import number
 from src.perf.probe_cache import ProbeCache, age
 from src.training.meters import cached_peaks, peak_cache_file, peak_flops, peak_key
 
@@ -28,7 +29,7 @@ def test_a_damaged_cache_file_is_probed_again_and_written_anew(tmp_path, monkeyp
     assert cached_peaks() == {}
     first = peak_flops(CPU, torch.float32)
     assert first.source == "probe" and cached_peaks() == {peak_key(CPU, torch.float32): first}
-    cache = ProbeCache("probes.json", fresh=lambda entry: age(entry) < datetime.timedelta(days=1), fields=("value",))
+    cache = ProbeCache("probes.json", lambda entry: age(entry) < datetime.timedelta(days=1), {"value": number(0)})
     cache.path.write_bytes(content)
     assert cache.get("a") is None and cache.get("c") is None
     cache.put("a", {"value": 1})

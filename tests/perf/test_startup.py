@@ -16,7 +16,7 @@ from src.perf.flop_cache import counted_flops
 from src.perf.memory import footprint
 from src.perf.memory_cache import predicted_memory_metrics
 from src.training.mfu import flops_per_sample
-from tests.helpers import compose_config, on_cpu, run_cli, run_process, runs, small_run
+from tests.helpers import compose_config, on_cpu, run_process
 
 CPU = torch.device("cpu")
 
@@ -162,25 +162,3 @@ print(sorted(name for name in ("sklearn", "medmnist", "scipy.stats") if name in 
     result = run_process([sys.executable, "-c", code])
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "[]"
-
-
-@pytest.mark.parametrize("flag", [(), ("-m",)], ids=["run", "sweep"])
-def test_a_probe_cache_that_cannot_be_written_is_one_line_before_any_run(
-    tmp_path, store, shared_data, monkeypatch, flag
-):
-    """A read-only home on a cluster's nodes, or ``MEDSWEEP_CACHE_DIR`` under a file: the job's probes failed
-    mid-run, its run FAILED."""
-    (tmp_path / "a-file").touch()
-    folder = tmp_path / "a-file" / "cache"
-    monkeypatch.setenv("MEDSWEEP_CACHE_DIR", str(folder))
-    result = run_cli(*flag, *small_run(tmp_path, store, shared_data, *(["seed=0,1"] if flag else [])))
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert (
-        result.stderr.strip()
-        .splitlines()[-1]
-        .endswith(
-            f"the probe cache {folder} cannot be written (Not a directory): set MEDSWEEP_CACHE_DIR to a folder this "
-            "process can write"
-        )
-    )
-    assert runs(store) == []

@@ -19,7 +19,7 @@ from src.report.writer import report
 from src.tracking.identity import ADDED, config_hash
 from src.tracking.store import DEFAULT_TRACKING_URI, search_all
 from src.tracking.sweep import PARENT_ID_FILE, SKIPPED_TAG
-from tests.helpers import run_cli, runs
+from tests.helpers import alias_bomb, run_cli, runs
 from tests.report.helpers import REPORT_FILES, amp_runs, log_run, report_config, store_with, tables
 
 # --- runs logged before a key was added -------------------------------------------------------------------
@@ -232,6 +232,14 @@ def test_the_store_a_report_reads(tmp_path, recorded):
     assert given == "sqlite:////given/mlflow.db"
     expected = "sqlite:////elsewhere/mlflow.db" if "elsewhere" in recorded else DEFAULT_TRACKING_URI
     assert report_store(report_config(f"sweep={tmp_path}")) == expected
+
+
+def test_a_sweep_folders_config_holding_an_alias_bomb_is_one_line_naming_it(tmp_path):
+    """A sweep folder may be another's (a shared disk): its ``multirun.yaml`` was loaded unbounded, and an alias
+    bomb hung the report."""
+    (tmp_path / "multirun.yaml").write_text(alias_bomb())
+    with pytest.raises(UsageError, match=f"^{tmp_path / 'multirun.yaml'} holds more than 20000 values once its YAML"):
+        report_store(report_config(f"sweep={tmp_path}"))
 
 
 def test_the_store_an_optuna_sweep_logged_to_is_read_from_its_jobs_configs(tmp_path):

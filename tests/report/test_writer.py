@@ -190,3 +190,36 @@ def test_a_link_in_place_of_a_report_file_is_replaced_not_written_through(tmp_pa
     assert kept.read_text() == "not the report's\n"
     assert sorted(path.name for path in out.iterdir()) == sorted(FILES)  # no temporary file left
     assert not any(path.is_symlink() for path in out.iterdir())
+
+
+FORMULAS = ["=1+1", "+1+1", "-2+3+cmd|' /C calc'!A0", "@SUM(1+1)", "\t=1+1", "\r=1+1", " =1+1", "\uff1d1+1"]
+
+
+def test_no_cell_of_the_report_csvs_runs_as_a_spreadsheet_formula(tmp_path):
+    """Params, tags and a swept value beginning with each character a spreadsheet starts a formula with are written
+    after a ``'`` (OWASP's advice against CSV injection); numbers, in number columns or as text, stay numbers."""
+    hostile = {f"note{i}": text for i, text in enumerate(FORMULAS)}
+    runs = [
+        (
+            {"model.activation": value, "seed": str(seed), **hostile, "optim.lr": "-0.5", "optim.wd": "1e-3"},
+            {"test/auc": 0.8 + 0.01 * seed + 0.02 * (value == FORMULAS[0]), "perf/samples_per_s_median": 10.0},
+            {"config_hash": f"{value}-{seed}", "host": '=HYPERLINK("http://evil","x")', "torch_version": "-1+1"},
+        )
+        for value in FORMULAS[:2]
+        for seed in (0, 1, 2)
+    ]
+    _, uri, _ = store_with(tmp_path, "medsweep", runs)
+    out = report(report_config("mlflow.experiment=medsweep", f"mlflow.tracking_uri={uri}", f"out={tmp_path}/r"))
+    with open(out / "runs.csv", newline="") as file:
+        rows = list(csv.DictReader(file))
+    assert len(rows) == 6
+    for row in rows:
+        assert [row[f"note{i}"] for i in range(len(FORMULAS))] == [f"'{text}" for text in FORMULAS]
+        assert (row["host"], row["torch_version"]) == ('\'=HYPERLINK("http://evil","x")', "'-1+1")
+        assert (row["optim.lr"], row["optim.wd"]) == ("-0.5", "1e-3")  # numbers, not text
+        assert row["model.activation"] in (f"'{FORMULAS[0]}", f"'{FORMULAS[1]}")
+    effects = pd.read_csv(out / "effects.csv", dtype=str, keep_default_na=False)
+    assert effects[["param", "value", "baseline"]].values.tolist() == [
+        ["model.activation", f"'{FORMULAS[0]}", f"'{FORMULAS[1]}"]
+    ]
+    assert float(effects["speed_ratio"].iloc[0]) == 1.0  # a number column, written as a number

@@ -27,6 +27,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import mlflow
+import psutil
 import pytest
 from mlflow.entities import RunStatus, ViewType
 from mlflow.store.tracking.dbmodels.models import SqlExperiment
@@ -46,7 +47,18 @@ from src.tracking.store import (
     tracking_uri,
 )
 from src.tracking.sweep import PARENT_ID_FILE
-from tests.helpers import free_port, own_messages, run_cli, run_process, runs, serve_mlflow, small_run
+from tests.helpers import (
+    free_port,
+    own_messages,
+    run_cli,
+    run_process,
+    runs,
+    serve_mlflow,
+    small_run,
+    start_command,
+    sweep_runs,
+    wait_for_text,
+)
 
 PROCESSES = 4
 READ_ONLY = (  # a folder, its database's mode (None: no database yet), the folder's mode, what is read-only
@@ -208,6 +220,63 @@ def test_a_database_server_that_is_down_is_refused_at_once_its_password_hidden()
     assert "s3cret" not in message
 
 
+def server_process(uri: str) -> psutil.Process:
+    """The ``mlflow server`` process :func:`serve_mlflow` started for ``uri``."""
+    port = uri.rsplit(":", 1)[1]
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if "server" in cmdline and "--port" in cmdline and cmdline[cmdline.index("--port") + 1] == port:
+            return process
+    raise AssertionError(f"no mlflow server on port {port}")
+
+
+@pytest.mark.slow
+def test_a_server_that_dies_mid_sweep_ends_it_in_one_line_and_the_same_command_loses_and_duplicates_nothing(
+    tmp_path, shared_data
+):
+    """The server is SIGKILLed while job 0 trains: the sweep ends in one line (exit 2; it ended 0 with a warning of
+    Hydra's, after 9 minutes of MLflow's retries), job 0's checkpoint kept; the server started again, the same
+    command resumes job 0 and trains job 1, each epoch logged once."""
+    backend, epochs = f"sqlite:///{tmp_path / 'server.db'}", 4
+    sweep = ("seed=0,1", f"epochs={epochs}", "limit_batches=4", "checkpoint.every_s=0")
+    with serve_mlflow(backend, tmp_path) as uri:
+        args = ("-m", *small_run(tmp_path, uri, shared_data, *sweep))
+        process, log = start_command(tmp_path / "first", *args)
+        wait_for_text(log, f"epoch 2/{epochs}", process)
+        os.killpg(server_process(uri).pid, signal.SIGKILL)  # the server's whole process group, mid-run
+        assert process.wait(timeout=900) == 2, log.read_text()[-3000:]  # was 0
+    output = log.read_text()
+    errors = [line for line in output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in output and "Callback" not in output, output[-3000:]
+    assert "went away" in errors[0] and "the same command again" in errors[0], errors[0]
+    assert (tmp_path / "sweep" / "0" / "checkpoint.pt").is_file()
+
+    with serve_mlflow(backend, tmp_path, port=int(uri.rsplit(":", 1)[1])) as again:
+        assert again == uri
+        result = run_cli(*args)
+        assert result.returncode == 0, result.stderr[-3000:]
+        parents, jobs = sweep_runs(uri)
+        client = mlflow.MlflowClient(uri)
+        histories = {
+            run.data.params["seed"]: {
+                key: sorted(m.step for m in client.get_metric_history(run.info.run_id, key))
+                for key in run.data.metrics
+                if not key.startswith(("system/", "time/startup"))  # sampled / one per process
+            }
+            for run in jobs
+        }
+    assert sorted(run.info.status for run in parents) == ["FINISHED", "KILLED"]  # the first closed as its process gone
+    (parent,) = [run for run in parents if run.info.status == "FINISHED"]
+    assert sorted(run.data.params["seed"] for run in jobs) == ["0", "1"]  # each job one run
+    assert {run.info.status for run in jobs} == {"FINISHED"}
+    assert {run.data.tags["mlflow.parentRunId"] for run in jobs} == {parent.info.run_id}
+    assert {run.data.params["seed"]: run.data.tags.get("resumes") for run in jobs} == {"0": "1", "1": None}
+    for seed, history in histories.items():
+        for key in ("train/loss", "val/auc"):
+            assert history[key] == list(range(epochs)), (seed, key, history[key])  # each epoch once
+        assert history["test/auc"] == [epochs], seed
+
+
 def create_at_once(uri: str, start: threading.Barrier) -> str:
     """One process of the concurrency test: the store, then the experiment, all processes at the same moment."""
     start.wait(timeout=300)
@@ -289,6 +358,105 @@ def test_a_damaged_mlflow_store_is_refused_and_an_empty_file_is_used(tmp_path, s
     empty = tmp_path / "empty.db"
     empty.touch()
     ensure_store(f"sqlite:///{empty}").search_experiments()  # no table yet: MLflow creates its own
+
+
+def damage_page(path: Path, page: int) -> None:
+    """Overwrite SQLite page ``page`` (1-based, past the first: the file's header) of ``path`` with bytes no page
+    holds."""
+    assert page > 1
+    with contextlib.closing(sqlite3.connect(path)) as database:
+        size = database.execute("PRAGMA page_size").fetchone()[0]
+    with path.open("r+b") as file:
+        file.seek((page - 1) * size)
+        file.write(b"\xa5" * size)
+
+
+def middle_table_page(path: Path) -> int:
+    """The root page of a table or index nearest the middle of the database file: a page in use."""
+    with contextlib.closing(sqlite3.connect(path)) as database:
+        pages = database.execute("PRAGMA page_count").fetchone()[0]
+        roots = [page for (page,) in database.execute("SELECT rootpage FROM sqlite_master WHERE rootpage > 1")]
+    return min(roots, key=lambda page: abs(page - pages // 2))
+
+
+def runs_page(path: Path) -> int:
+    with contextlib.closing(sqlite3.connect(path)) as database:
+        return database.execute("SELECT rootpage FROM sqlite_master WHERE name = 'runs'").fetchone()[0]
+
+
+DAMAGE = {
+    "runs-page": lambda path: damage_page(path, runs_page(path)),
+    "middle-page": lambda path: damage_page(path, middle_table_page(path)),
+    "cut-short": lambda path: path.write_bytes(path.read_bytes()[: path.stat().st_size // 2]),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_an_sqlite_store_with_damaged_pages_is_one_line_naming_it_and_how_to_recover_it(tmp_path, store, damage):
+    """Pages overwritten in a real store, or the file cut short: MLflow met them in a traceback (the store's check
+    read only its table list), or trained into a store a page of which no query had read yet."""
+    path = Path(store.removeprefix("sqlite:///"))
+    client = mlflow.MlflowClient(store)
+    client.create_run(client.create_experiment("medsweep"))  # a run's rows on the pages
+    DAMAGE[damage](path)
+    before = path.read_bytes()
+    for check in (ensure_store, check_store):
+        with pytest.raises(UsageError) as refused:
+            check(store)
+        message = str(refused.value)
+        assert message.startswith(f"mlflow.tracking_uri={store} is a damaged SQLite database ({path}: "), message
+        assert f"sqlite3 {path} .recover | sqlite3 {tmp_path / 'mlflow-recovered.db'}" in message, message
+        assert "\n" not in message
+    assert path.read_bytes() == before
+
+
+@pytest.mark.slow
+def test_a_run_into_a_damaged_store_or_a_port_nobody_listens_on_is_one_line_leaving_no_folder(
+    tmp_path, store, shared_data
+):
+    """From a folder of its own, with the default folders (``outputs/``, ``sweeps/``) and a given one not there yet:
+    none is left behind, and no run made."""
+    path = Path(store.removeprefix("sqlite:///"))
+    damage_page(path, runs_page(path))
+    before = path.read_bytes()
+    nobody = f"http://127.0.0.1:{free_port()}"
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    common = [a for a in small_run(tmp_path, store, shared_data) if not a.startswith(("hydra.", "mlflow."))]
+    cases = {
+        "damaged": (f"mlflow.tracking_uri={store}", "is a damaged SQLite database"),
+        "nobody": (f"mlflow.tracking_uri={nobody}", "is unreachable"),
+    }
+    for uri, problem in cases.values():
+        for extra in ([], ["-m", "seed=0,1"], [f"hydra.run.dir={tmp_path}/given/run"], ["dry_run=true"]):
+            result = run_cli(*extra, *common, uri, cwd=cwd, timeout=600)
+            assert problem in one_error(result), (uri, extra)
+            assert list(cwd.iterdir()) == [] and not (tmp_path / "given").exists(), (uri, extra)  # was: given/run
+    assert path.read_bytes() == before  # no run, nothing written
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lock", ["EXCLUSIVE", "IMMEDIATE"])
+def test_a_store_another_process_holds_locked_is_one_line_naming_that_process(tmp_path, store, lock):
+    """A transaction held open past MLflow's wait (a ``sqlite3`` shell left in one): EXCLUSIVE was refused as no
+    SQLite database; IMMEDIATE (a write under way) passed the check, then MLflow failed in a traceback, exit 1."""
+    path = Path(store.removeprefix("sqlite:///"))
+    holder = (
+        "import sqlite3, sys, time\n"
+        f"database = sqlite3.connect({str(path)!r}, isolation_level=None)\n"
+        f"database.execute('BEGIN {lock}')\n"
+        "database.execute('UPDATE experiments SET name = name')\n"
+        "print('held', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    with subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True) as process:
+        try:
+            assert process.stdout.readline() == "held\n"
+            message = refusal(store)
+        finally:
+            process.kill()
+    assert f"is locked by pid {process.pid} (python" in message, message
+    assert message.endswith("let it end or close it, then run again, or set mlflow.tracking_uri to another store")
 
 
 def test_a_deleted_experiment_is_refused_before_any_run(store):

@@ -6,9 +6,11 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 import torch
 
 from src.training import checkpoint
+from tests.helpers import kill_group, run_cli, runs, small_run, start_command, wait_for_path
 from tests.training.helpers import trainer
 
 
@@ -33,3 +35,27 @@ def test_a_checkpoint_from_before_2026_11_27_hands_its_last_epochs_metrics_to_ch
     old = trainer(shared_data, tmp_path, "epochs=2")
     old.load_state_dict(checkpoint.upgrade({**state, "last_metrics": {"val/auc": 0.5}}))
     assert old.maybe_unlogged == [(1, {"val/auc": 0.5})]
+
+
+@pytest.mark.slow
+def test_a_run_killed_while_it_writes_a_checkpoint_resumes_from_the_one_before_and_leaves_no_temp_file(
+    tmp_path, store, shared_data
+):
+    """SIGKILL during a checkpoint write left its temp file (263 MB for densenet121) in the run folder for good."""
+    args = small_run(tmp_path, store, shared_data, "model=resnet18", "epochs=3", "checkpoint.every_s=0")
+    process, _ = start_command(tmp_path, *args)
+    try:
+        wait_for_path(tmp_path / "run", checkpoint.FILE, process)  # epoch 1's
+        wait_for_path(tmp_path / "run", f".{checkpoint.FILE}.*.tmp", process)  # epoch 2's, being written
+        process.kill()
+        process.wait()
+    finally:
+        kill_group(process)
+    (run,) = runs(store)
+    assert checkpoint.load(tmp_path / "run" / checkpoint.FILE)["epoch"] == 1  # the one before: whole
+    assert list((tmp_path / "run").glob(".*.tmp"))
+
+    again = run_cli(*args)  # the same command: the folder's next holder sweeps the dead write's file
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [(r.info.run_id, r.info.status) for r in runs(store)] == [(run.info.run_id, "FINISHED")]
+    assert not list((tmp_path / "run").glob(".*.tmp"))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 from pathlib import Path
 
@@ -36,6 +37,25 @@ def with_sform(path: Path, affine: np.ndarray) -> None:
     image = nib.Nifti1Image(np.asarray(nib.load(path).dataobj), None)
     image.header.set_sform(affine, code=1)
     nib.save(image, path)
+
+
+def spoil_gzip(path: Path, how: str) -> None:
+    """``path``'s gzip stream damaged as ``how`` says, its start intact: nibabel reads the header and, reading no
+    further than the voxels it needs, the voxels too; only the whole stream shows the damage."""
+    raw = path.read_bytes()
+    if how == "crc":  # the trailer's CRC-32 of the data
+        raw = raw[:-8] + bytes([raw[-8] ^ 0xFF]) + raw[-7:]
+    elif how == "isize":  # the trailer's length of the data
+        raw = raw[:-1] + bytes([raw[-1] ^ 0x01])
+    elif how == "voxels-under-the-old-trailer":  # a voxel changed, the stream rewritten, the old CRC and length kept
+        data = bytearray(gzip.decompress(raw))
+        data[-10] ^= 0x40
+        raw = gzip.compress(bytes(data))[:-8] + raw[-8:]
+    elif how == "trailing-garbage":
+        raw += b"garbage!"
+    elif how == "cut-short":
+        raw = raw[: len(raw) // 2]
+    path.write_bytes(raw)
 
 
 def noise(seed: int, shape: tuple[int, ...] = (12, 12, 12)) -> np.ndarray:
@@ -109,6 +129,25 @@ def bad_cases(root: Path) -> dict[str, tuple[tuple[str, ...], str]]:
         ),
         "fifo-volume": ((), f"{csv} line 3: {root / 'b0.nii.gz'} is not a file: put the volume there, or remove"),
         "fifo-csv": ((), f"{csv} is not a file: write the labels CSV there, or set data.labels=<its path>"),
+        "utf16-without-bom": (
+            (),
+            f"{csv} holds NUL characters (line 1): it is UTF-16 or UTF-32 without a byte-order mark, or not text: "
+            "save it as UTF-8",
+        ),
+        "latin1": ((), f"{csv} is not UTF-8 text (byte 0xe9 on line 3): save it as UTF-8"),
+        "nul": ((), f"{csv} holds NUL characters (line 3): it is UTF-16 or UTF-32 without a byte-order mark"),
+        "tab-separated": ((), f"{csv} has columns ['image\\tlabel\\tsplit'], not image and label: it reads as "),
+        "no-val-class": ((), f"{csv}: class 'b' has no val row: mark some of its rows val"),
+        "no-test-class": ((), f"{csv}: class 'a' has no test row: mark some of its rows test"),
+        "outside-root": ((), f"{csv} line 2: image a0/../../outside.nii.gz is outside data.root={root}: give a path"),
+        "absolute": ((), f"{csv} line 3: image /etc/passwd is outside data.root={root}: give a path"),
+        "nii-cut-short": (
+            (),
+            f"{csv} line 5: {root / 'b1.nii'} is cut short: its header implies 7264 bytes, the file holds 7164: "
+            "replace it, or drop the row",
+        ),
+        "pair": ((), f"{csv} line 2: {root / 'a0.img'} is a Nifti1Pair, not a volume in one file (NIfTI .nii or "),
+        "hard-link": ((), f"{csv} line 7: b2.nii.gz is line 2's file (a0.nii.gz, a hard link to it) too: one row per"),
         "repeated-column": (
             (),
             f"{csv} has columns ['image', 'label', 'label', '', ''], label more than once: keep one column of each "
@@ -183,6 +222,38 @@ def prepare(root: Path, case: str) -> None:
         path = root / ("b0.nii.gz" if case == "fifo-volume" else CSV)
         path.unlink()
         os.mkfifo(path)
+    elif case == "utf16-without-bom":  # as Windows' "Unicode" without its BOM
+        (root / CSV).write_bytes((root / CSV).read_text().encode("utf-16-le"))
+    elif case == "latin1":  # a spreadsheet's "CSV" in Windows-1252
+        (root / CSV).write_bytes((root / CSV).read_bytes().replace(b"b0.nii.gz,b,", b"b0.nii.gz,b\xe9,"))
+    elif case == "nul":  # a path with a NUL: os.stat raised ValueError
+        (root / CSV).write_bytes((root / CSV).read_bytes().replace(b"b0.nii.gz", b"b0.nii.gz\0"))
+    elif case == "tab-separated":  # as a spreadsheet's "Unicode text": UTF-16 with its BOM (read), tabs between cells
+        (root / CSV).write_bytes((root / CSV).read_text().replace(",", "\t").encode("utf-16"))
+    elif case == "no-val-class":
+        write_csv(
+            root, [[image, label, "train" if (label, split) == ("b", "val") else split] for image, label, split in rows]
+        )
+    elif case == "no-test-class":
+        write_csv(
+            root, [[image, label, "val" if (label, split) == ("a", "test") else split] for image, label, split in rows]
+        )
+    elif case == "outside-root":  # a CSV from elsewhere naming a file outside the folder
+        write_csv(root, [["a0/../../outside.nii.gz", "a", "train"], *rows[1:]])
+    elif case == "absolute":
+        write_csv(root, [rows[0], ["/etc/passwd", "b", "train"], *rows[2:]])
+    elif case == "nii-cut-short":  # uncompressed: the file's size says it, before any voxel is read
+        for image, _, _ in rows:
+            save(root / image.removesuffix(".gz"), noise(0))
+        write_csv(root, [[image.removesuffix(".gz"), label, split] for image, label, split in rows])
+        whole = (root / "b1.nii").read_bytes()
+        (root / "b1.nii").write_bytes(whole[:-100])
+    elif case == "pair":  # two files: one cannot be read once, whole, and checked unchanged
+        nib.save(nib.Nifti1Pair(noise(0).astype(np.float32), np.eye(4)), root / "a0.img")
+        write_csv(root, [["a0.img", "a", "train"], *rows[1:]])
+    elif case == "hard-link":  # a0's voxels in test too (a symlink resolves to one path; this does not)
+        (root / "b2.nii.gz").unlink()
+        os.link(root / "a0.nii.gz", root / "b2.nii.gz")
     elif case == "repeated-column":  # csv.DictReader would keep the last: the splits as labels
         write_csv(root, [[*row, "", ""] for row in rows], header="image,label,label,,")  # unnamed ones are no repeat
 

@@ -23,18 +23,19 @@ from tests.helpers import compose_config
 
 
 def test_default_spacing_is_the_training_median_and_keys_are_recorded(tmp_path):
-    zooms = {"t1": 1.0, "t2": 2.0, "t3": 4.0, "v": 9.0, "s": 9.0}  # along S; val and test do not count
+    zooms = {"t1": 1.0, "t2": 2.0, "t3": 4.0, "v": 9.0, "w": 9.0, "s": 9.0, "u": 9.0}  # along S; not val and test
     for name, z in zooms.items():
         save(tmp_path / f"{name}.nii.gz", noise(0, (8, 8, 8)), np.diag([0.5, 0.5, z, 1]))
-    labels = [("t1", "a", "train"), ("t2", "b", "train"), ("t3", "a", "train"), ("v", "a", "val"), ("s", "b", "test")]
+    labels = [("t1", "a", "train"), ("t2", "b", "train"), ("t3", "a", "train"), ("v", "a", "val"), ("w", "b", "val")]
+    labels += [("s", "b", "test"), ("u", "a", "test")]
     write_csv(tmp_path, [(f"{name}.nii.gz", label, split) for name, label, split in labels])
     meta = read_meta(ensure(nifti(tmp_path, "data.size=16")))
     assert meta["spacing"] == [0.5, 0.5, 2.0]
-    assert meta["spacings"] == [[[0.5, 0.5, 9.0], 2], [[0.5, 0.5, 1.0], 1], [[0.5, 0.5, 2.0], 1], [[0.5, 0.5, 4.0], 1]]
+    assert meta["spacings"] == [[[0.5, 0.5, 9.0], 4], [[0.5, 0.5, 1.0], 1], [[0.5, 0.5, 2.0], 1], [[0.5, 0.5, 4.0], 1]]
     assert meta["images"] == {
         "train": ["t1.nii.gz", "t2.nii.gz", "t3.nii.gz"],
-        "val": ["v.nii.gz"],
-        "test": ["s.nii.gz"],
+        "val": ["v.nii.gz", "w.nii.gz"],
+        "test": ["s.nii.gz", "u.nii.gz"],
     }
     assert meta["preprocessing"] == {"size": 16, "in_channels": 1, "spacing": None, "intensity": "minmax"}
 
@@ -52,7 +53,8 @@ def test_the_cache_is_reused_and_rebuilt_when_a_file_the_csv_or_a_key_changes(tm
     }
     save(tmp_path / "a0.nii.gz", noise(99))
     keyed["file"] = ensure(cfg)
-    (tmp_path / CSV).write_text((tmp_path / CSV).read_text().replace("a1.nii.gz,a,val", "a1.nii.gz,b,val"))
+    swapped = {"a0.nii.gz,a,train": "a0.nii.gz,a,val", "a1.nii.gz,a,val": "a1.nii.gz,a,train"}
+    (tmp_path / CSV).write_text(re.sub("|".join(swapped), lambda m: swapped[m[0]], (tmp_path / CSV).read_text()))
     keyed["csv"] = ensure(cfg)
     assert len({first, *keyed.values()}) == 1 + len(keyed), keyed
     assert first.exists()  # another key's cache stays (a sweep over data.size needs both)

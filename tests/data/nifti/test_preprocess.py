@@ -46,9 +46,12 @@ def test_volumes_in_other_orientations_and_spacings_come_out_as_their_ras_isotro
     for name, image in variants.items():
         nib.save(image, tmp_path / f"{name}.nii.gz")
     assert nib.aff2axcodes(nib.load(tmp_path / "psl.nii.gz").affine) == ("P", "S", "L")
-    for name in ("b0", "b1", "b2"):
+    for name in ("a1", "a2", "b0", "b1", "b2"):
         save(tmp_path / f"{name}.nii.gz", noise(0, (33, 33, 33)))
-    rows = [(f"{name}.nii.gz", "a", "train") for name in variants]
+    rows = [(f"{name}.nii.gz", "a", "train") for name in variants] + [
+        ("a1.nii.gz", "a", "val"),
+        ("a2.nii.gz", "a", "test"),
+    ]
     write_csv(tmp_path, rows + [("b0.nii.gz", "b", "train"), ("b1.nii.gz", "b", "val"), ("b2.nii.gz", "b", "test")])
     cfg = nifti(tmp_path, "data.spacing=[1,1,1]", "data.size=28")
     images = load_splits(cfg)["train"][0][:, 0].numpy().astype(int)
@@ -133,13 +136,13 @@ def test_a_volume_with_nan_or_infinite_voxels_is_refused_and_no_cache_written(tm
     assert list(npz_path(cfg).parent.glob(f"*{npz_path(cfg).stem}*")) == []  # no cache, no partial file
 
 
-def test_a_volume_cut_short_is_named_by_nibabels_error_not_monais(tmp_path):
+def test_a_volume_cut_short_is_named_by_its_streams_error_not_monais(tmp_path):
     six(tmp_path)
     whole = (tmp_path / "b1.nii.gz").read_bytes()
     (tmp_path / "b1.nii.gz").write_bytes(whole[: len(whole) // 2])  # its header reads: the voxels do not
     cfg = nifti(tmp_path, "data.size=16")
     assert not check_file(cfg)
     assert refusal(ensure, cfg) == (
-        f"{tmp_path / CSV} line 5: {tmp_path / 'b1.nii.gz'} is not a volume nibabel reads (Compressed file ended "
-        f"before the end-of-stream marker was reached): replace it, or drop the row"
+        f"{tmp_path / CSV} line 5: {tmp_path / 'b1.nii.gz'} is damaged (gzip: Compressed file ended before the "
+        f"end-of-stream marker was reached): replace it with an intact copy, or drop the row"
     )

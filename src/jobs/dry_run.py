@@ -148,9 +148,11 @@ class Shape:
     def describe(self) -> str:
         cfg, execution = self.cfg, self.first.plan.execution
         graphed = " graphed" if execution.graphed else ""
+        once = ", 1 epoch" if cfg.epochs == 1 else ""  # no copy of the best weights
         return (
             f"batch_size={cfg.batch_size} accumulate={cfg.accumulate} model={cfg.model.name} data.size={cfg.data.size}"
             f" {execution.dtype_name} on {execution.device}{graphed}, {execution.threads} threads x {self.first.world}"
+            f"{once}"
         )
 
     def training_rate(self) -> Rate:
@@ -182,9 +184,20 @@ def shapes(jobs: list[Placed], named: Named = lambda num: contextlib.nullcontext
             if any(not job.plan.finished for job in alike):
                 shape.training_rate()
         SHAPES[key] = shape
-        numbers = ", ".join(str(job.plan.job_num) for job in alike)
+        numbers = spans([job.plan.job_num for job in alike])
         log.info("planned job shape %d (%s): jobs %s", shape.number, shape.describe(), numbers)
     return [SHAPES[job.shape] for job in jobs]
+
+
+def spans(numbers: list[int]) -> str:
+    """``0, 2, 4`` and ``0-199``: ``numbers`` (ascending), three or more in a row as a span."""
+    runs: list[list[int]] = []
+    for number in numbers:
+        if runs and number == runs[-1][-1] + 1:
+            runs[-1].append(number)
+        else:
+            runs.append([number])
+    return ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)) for run in runs)
 
 
 def estimates(jobs: list[Placed], named: Named = lambda num: contextlib.nullcontext()) -> list[JobEstimate]:

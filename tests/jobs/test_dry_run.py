@@ -15,7 +15,7 @@ import mlflow
 import pytest
 
 from src.execution import validate
-from src.jobs.dry_run import Rate, job_seconds
+from src.jobs.dry_run import Rate, job_seconds, spans
 from src.jobs.dry_run_total import rounded
 from src.jobs.resume import Resume
 from src.perf import step_timing
@@ -239,6 +239,16 @@ def test_a_many_job_dry_sweep_plans_each_job_shape_once_and_launches_no_job(tmp_
     assert len(timings(cache)) == 2  # one timing per shape, as before
     assert len(json.loads((cache / "memory_predictions.json").read_text())) == 2  # one prediction per shape
     assert not (tmp_path / "sweep").exists()  # no job launched: no job folder, no .hydra/, no figures to gather
+
+
+def test_a_shapes_jobs_are_named_in_spans():
+    assert [spans(n) for n in ([0], [0, 1], [0, 2, 4], list(range(200)), [0, 2, 3, 4, 9])] == [
+        "0",
+        "0, 1",
+        "0, 2, 4",
+        "0-199",
+        "0, 2-4, 9",
+    ]
 
 
 def test_a_lines_estimate_says_its_basis_and_its_spread():

@@ -230,10 +230,12 @@ def test_a_many_job_dry_sweep_plans_each_job_shape_once_and_launches_no_job(tmp_
     assert [line.partition(":")[0] for line in lines] == [f"job {n}" for n in range(12)]
     assert last.startswith("total: 12 to run, 0 to skip |")
     logged = result.stdout + result.stderr  # the sweep's main process logs as Hydra's own lines do
-    planned = re.findall(r"planned job shape (\d+) \(batch_size=(\d+)\b.*\): jobs ([0-9, ]+)$", logged, re.M)
+    planned = re.findall(r"planned job shape (\d+) \(batch_size=(\d+)\b.*\): jobs ([0-9, -]+)$", logged, re.M)
     assert sorted((shape, batch) for shape, batch, _ in planned) == [("1", "2"), ("2", "4")], logged[-3000:]
     for _, batch, jobs in planned:  # the jobs it planned for: those of its micro-batch
-        assert jobs.split(", ") == [line.partition(":")[0][4:] for line in lines if f"at batch {batch} |" in line]
+        spans = [part.split("-") for part in jobs.split(", ")]
+        numbers = [str(n) for span in spans for n in range(int(span[0]), int(span[-1]) + 1)]
+        assert numbers == [line.partition(":")[0][4:] for line in lines if f"at batch {batch} |" in line]
     for batch in ("2", "4"):  # the jobs of a shape list its figures
         assert len({line.split(" | ", 2)[2] for line in lines if f"at batch {batch} |" in line}) == 1
     assert len(timings(cache)) == 2  # one timing per shape, as before

@@ -429,7 +429,9 @@ def test_a_job_at_its_time_limit_is_requeued_by_submitit_then_stops_resumable_an
     sweep 143 naming it; the same command again finishes it. The limits are reached at known points: once the job
     trained an epoch its limit is lowered to end within 2 minutes, and the requeued job is given 2 minutes."""
     started, log, sweep_dir = time.monotonic(), tmp_path / "sweep.log", tmp_path / "sweep"
-    overrides = ("epochs=16", "limit_batches=4", "checkpoint.every_s=0", "seed=0")
+    # 16 epochs of 24 steps: the job must outlast two of SLURM's 30-s looks at its limits after its first epoch, on a
+    # quiet machine too (16 epochs of 4 steps finished before the first)
+    overrides = ("epochs=16", "limit_batches=24", "checkpoint.every_s=0", "seed=0")
     args = sweep(tmp_path, store, shared_data, *overrides, signal_delay_s=120, max_num_timeout=1)
     process = popen(*args, log=log)
     wait_until(checkpointed(sweep_dir / "0", 1), process, log, "the job's first epoch")

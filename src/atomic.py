@@ -105,15 +105,7 @@ def writer_gone(pid: int, boot: str | None, entry: os.DirEntry) -> bool:
             return entry.stat(follow_symlinks=False).st_mtime < psutil.boot_time()
         except OSError:
             return False
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:  # PermissionError: another user's live process
-        return False
-    return False
+    return pid != os.getpid() and not psutil.pid_exists(pid)  # another user's live process exists too
 
 
 class _Uninterrupted:

@@ -135,15 +135,15 @@ class CacheFile:
         """The entries that fit the schema; none where the file is absent or cannot be read. What is ignored, the
         file or some of its entries, is one warning (written anew at the next :meth:`update`)."""
         path, found = self.path, read_object(self.path)
-        valid = {key: entry for key, entry in found.items() if self.schema.fault(entry) is None}
-        if len(valid) < len(found):
-            key, fault = next((k, self.schema.fault(e)) for k, e in found.items() if k not in valid)
+        faults = {key: fault for key, entry in found.items() if (fault := self.schema.fault(entry)) is not None}
+        if faults:
+            key, fault = next(iter(faults.items()))
             warn_once(
                 path,
-                f"{path}: {len(found) - len(valid)} of its {len(found)} entries do not fit the cache (the first, "
+                f"{path}: {len(faults)} of its {len(found)} entries do not fit the cache (the first, "
                 f"{key[-40:]!r}: {fault}): they are ignored, probed again and the file written anew",
             )
-        return valid
+        return {key: entry for key, entry in found.items() if key not in faults}
 
     def update(self, key: str, entry: Entry, keep: Callable[[Entry], bool] = lambda entry: True) -> Entry:
         """``entry`` stored under ``key`` with the entries ``keep`` keeps (read, changed and written under the

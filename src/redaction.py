@@ -29,6 +29,7 @@ USERNAME_ENV, PASSWORD_ENV = "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWO
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"  # MLflow's own: concealed too
 CONCEALED_ENV = "MEDSWEEP_CONCEALED"  # {URI as shown: the real URI}, as JSON, for this process and its children
 HTTP = ("http", "https")
+REVEALED: dict[str, str] = {}  # an HTTP(S) URI :func:`reveal_store` gave, without its user part -> as given, redacted
 SECRET_KEYS = (  # query keys whose values are secrets: passwords, tokens, keys, signed URLs' signatures
     "password|passwd|pwd|pass|secret|client_secret|token|access_token|auth_token|id_token|refresh_token|api_key"
     "|apikey|api-key|key|sig|signature|x-amz-signature|x-amz-security-token|x-amz-credential|x-goog-signature"
@@ -160,11 +161,6 @@ def reveal_store(uri: str) -> str:
     opened = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
     REVEALED[opened] = redact(uri)
     return opened
-
-
-REVEALED: dict[
-    str, str
-] = {}  # an HTTP(S) URI :func:`reveal_store` gave, without its user part: the URI as given, redacted
 
 
 def as_given(uri: str) -> str:

@@ -168,14 +168,11 @@ def in_sweep(cfg: DictConfig, run: Callable[[], float], preemption: Preemption) 
         with ended_with_parent(holder(sweep_dir)):
             result = run()
     except PreemptedExit:
-        if in_slurm_job():  # SLURM's signal (requeue, preemption, scancel, time limit) stops this job alone: no result
-            if preemption.refused is None:  # SLURM starts it again (it resumes), or the main process reports it
-                raise
-            return math.nan  # not requeued by submitit: its run KILLED, resumable; the main process reports it
-        if preemption.signum is not None and preemption.signum == requeue_signal() and preemption.refused is None:
-            raise  # submitit requeues the job, which resumes by itself: the sweep goes on
-        write_stop(sweep_dir, signalled(preemption.signum or signal.SIGTERM))
-        return math.nan
+        if not stops_alone(preemption):
+            write_stop(sweep_dir, signalled(preemption.signum or signal.SIGTERM))
+        elif preemption.refused is None:  # no result: SLURM or submitit starts the job again (it resumes), or the
+            raise  # main process reports how SLURM ended it
+        return math.nan  # or not requeued by submitit: its run KILLED, resumable; the main process reports it
     except KeyboardInterrupt:
         write_stop(sweep_dir, signalled(signal.SIGINT))
         return math.nan
@@ -184,6 +181,14 @@ def in_sweep(cfg: DictConfig, run: Callable[[], float], preemption: Preemption) 
         with contextlib.suppress(Exception):
             fail_parent_run(cfg)
         return math.nan
-    if preemption.requested and preemption.signum != requeue_signal() and not in_slurm_job():  # came after this
-        write_stop(sweep_dir, signalled(preemption.signum))  # job's training: no other job starts; SLURM's end this job
+    if preemption.requested and not stops_alone(preemption):  # came after this job's training: no other job starts
+        write_stop(sweep_dir, signalled(preemption.signum))
     return result
+
+
+def stops_alone(preemption: Preemption) -> bool:
+    """Whether the signal that stopped this job of a sweep stops it alone, not the sweep: SLURM's (a requeue, a
+    preemption, ``scancel``, the time limit), or submitit's requeue signal that submitit took back (it requeues the
+    job, which resumes by itself)."""
+    requeued = preemption.signum is not None and preemption.signum == requeue_signal() and preemption.refused is None
+    return in_slurm_job() or requeued

@@ -83,8 +83,9 @@ def slurm_job_id() -> str | None:
     """submitit's id of the SLURM job this process runs in: ``<array>_<task>`` for a job array's, else SLURM's."""
     if not in_slurm_job():
         return None
-    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
-    return f"{array}_{task}" if array and task else os.environ.get("SLURM_JOB_ID")
+    from submitit.slurm.slurm import SlurmJobEnvironment
+
+    return SlurmJobEnvironment().job_id
 
 
 def run_tags() -> dict[str, str]:
@@ -130,7 +131,6 @@ class Submitted:
     overrides: list[str]
     job: Any  # submitit.slurm.slurm.SlurmJob
     folder: str  # submitit's folder of the job (``%j``: its id)
-    tasks: int
     adopted: bool = False
     ended_at: float | None = None  # when SLURM's queue first showed it ended, its result file not there yet
     returned: JobReturn | None = None  # what the job returned (its objective)
@@ -147,7 +147,7 @@ class Submitted:
 
     def result_files(self) -> list[Path]:
         """Each task's result file (``tasks_per_node`` x ``nodes`` tasks: submitit's sub-jobs)."""
-        return [task.paths.result_pickle for task in (getattr(self.job, "_sub_jobs", None) or [self.job])]
+        return [self.job.task(k).paths.result_pickle for k in range(self.job.num_tasks)]
 
     def has_result(self) -> bool:
         return all(path.exists() for path in self.result_files())
@@ -235,7 +235,9 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
         jobs.update(self.submit(sweep_dir, {num: o for num, o in wanted.items() if num not in jobs}))
         records = {r.num: r for r in read_records(sweep_dir) if r.num not in jobs}
         for job in jobs.values():
-            records[job.num] = Record(job.num, filter_overrides(job.overrides), job.job_id, job.folder, job.tasks)
+            records[job.num] = Record(
+                job.num, filter_overrides(job.overrides), job.job_id, job.folder, job.job.num_tasks
+            )
         write_records(sweep_dir, sorted(records.values(), key=lambda r: r.num))
         self.wait(client, sweep_dir, jobs)
         self.report(client, sweep_dir, jobs)
@@ -245,10 +247,6 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
     def folder(self) -> str:
         """submitit's folder of the jobs, absolute (``%j``: the job id)."""
         return str(Path(str(self.params["submitit_folder"])).absolute())
-
-    @property
-    def tasks(self) -> int:
-        return int(self.params.get("nodes") or 1) * max(1, int(self.params.get("tasks_per_node") or 1))
 
     def submit(self, sweep_dir: Path, wanted: dict[int, list[str]]) -> dict[int, Submitted]:
         """Submit ``wanted`` as one job array (one job alone as a job), as hydra-submitit-launcher 1.2 does."""
@@ -268,7 +266,7 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
         handles = executor.map_array(self, *zip(*arguments, strict=True))
         jobs = {}
         for (num, overrides), handle in zip(wanted.items(), handles, strict=True):
-            jobs[num] = Submitted(num, overrides, handle, self.folder, self.tasks)
+            jobs[num] = Submitted(num, overrides, handle, self.folder)
             log.info("\t#%d : %s -> SLURM job %s", num, " ".join(filter_overrides(overrides)), handle.job_id)
         return jobs
 
@@ -293,7 +291,7 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
                 continue
             alive.remove(record)
             handle = submitit.SlurmJob(folder=record.folder, job_id=record.job_id, tasks=tuple(range(record.tasks)))
-            jobs[num] = Submitted(num, overrides, handle, record.folder, record.tasks, adopted=True)
+            jobs[num] = Submitted(num, overrides, handle, record.folder, adopted=True)
             log.info(
                 "\t#%d : %s -> SLURM job %s (%s), submitted by an earlier command of this sweep: waited for, not "
                 "submitted again",

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from src.atomic import temporary
 from src.errors import UsageError
 from src.parallel.preemption import exit_code
 from src.tracking.identity import run_name
@@ -35,7 +36,7 @@ class Stop:
 def write_stop(sweep_dir: Path, stop: Stop) -> None:
     """Record ``stop`` unless a stop is recorded already (the first one stands; ``link`` creates atomically)."""
     path = sweep_dir / STOP_FILE
-    partial = path.with_name(f"{STOP_FILE}.{os.getpid()}.tmp")
+    partial = temporary(path)  # named as remove_stale finds it, should this process die mid-write
     partial.write_text(json.dumps(dataclasses.asdict(stop)))
     with contextlib.suppress(FileExistsError):
         os.link(partial, path)

@@ -13,11 +13,11 @@ from mlflow.entities import Dataset, DatasetInput, Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
+from src.atomic import BOOT_ID
 from src.folders import in_use
 from src.redaction import redact, redact_all
 from src.tracking.store import PROJECT_ROOT, experiment_id
 
-BOOT_ID = Path("/proc/sys/kernel/random/boot_id")  # Linux's, new at each boot
 BATCH_LIMIT = 100  # MLflow's log_batch cap on params and tags per call
 UNIQUE_VIOLATIONS = ("UNIQUE constraint failed", "duplicate key value", "Duplicate entry")  # SQLite, Postgres, MySQL
 

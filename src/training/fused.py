@@ -15,7 +15,6 @@ replayed as one CUDA graph.
 from __future__ import annotations
 
 import copy
-import itertools
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -97,9 +96,6 @@ class StackedModel:
         self.members = list(modules)
         self.member_params = [[module.get_parameter(name) for name in self.params] for module in modules]
 
-    def __len__(self) -> int:
-        return len(self.members)
-
     def _one(self, params: dict, buffers: dict, images: torch.Tensor) -> torch.Tensor:
         return functional_call(self.base, (params, buffers), (images,))
 
@@ -154,14 +150,12 @@ class FusedTrainer:
     ``ended`` callback of :meth:`fit` closes its run meanwhile."""
 
     def __init__(self, members: Sequence[Trainer], stacked: StackedModel) -> None:
-        positions = {(member.epoch, member.step) for member in members}
-        if len(positions) != 1:
-            raise ValueError(f"fused members must start at one position (epoch, step), got {sorted(positions)}")
         self.members, self.stacked = list(members), stacked
+        self._at_one_position("start")
         first = members[0]
-        self.cfg, self.device, self.precision = first.cfg, first.device, first.precision
-        self.loss_sum = torch.zeros(len(members), dtype=torch.float32, device=self.device)
-        self.correct = torch.zeros(len(members), dtype=torch.long, device=self.device)
+        self.cfg, self.precision = first.cfg, first.precision
+        self.loss_sum = torch.zeros(len(members), dtype=torch.float32, device=first.device)
+        self.correct = torch.zeros(len(members), dtype=torch.long, device=first.device)
         for index, member in enumerate(members):
             member.loss_sum, member.correct = self.loss_sum[index], self.correct[index]
         self.active = list(range(len(members)))
@@ -175,11 +169,14 @@ class FusedTrainer:
         """Each member goes on from its own checkpoint (:meth:`Trainer.load_state_dict`); all at one position."""
         for member, state in zip(self.members, states, strict=True):
             member.load_state_dict(state)
-        positions = {(member.epoch, member.step) for member in self.members}
-        if len(positions) != 1:
-            raise ValueError(f"fused members must resume at one position (epoch, step), got {sorted(positions)}")
+        self._at_one_position("resume")
         if self.step_graph is not None:
             self.step_graph.reset()
+
+    def _at_one_position(self, what: str) -> None:
+        positions = {(member.epoch, member.step) for member in self.members}
+        if len(positions) != 1:
+            raise ValueError(f"fused members must {what} at one position (epoch, step), got {sorted(positions)}")
 
     def fetch(self, batches: Sequence[Iterator], epoch: int, micro_step: int) -> Batch:
         """Each member's next training micro-batch (its order, its augmentation stream), stacked ``(N, B, ...)``."""
@@ -226,15 +223,7 @@ class FusedTrainer:
         cfg, lead = self.cfg, self.members[self.active[0]]
         first = lead.step
         self.stacked.train()
-        batches = []
-        for member in self.members:
-            loader = member.loaders["train"]
-            loader.sampler.set_epoch(epoch)
-            batches.append(itertools.islice(iter(loader), first * cfg.accumulate, None))
-            running = member.running or {"loss": [0.0], "correct": [0]}
-            member.loss_sum.fill_(running["loss"][0])
-            member.correct.fill_(int(running["correct"][0]))
-            member.meter.start_epoch(member.steps_per_epoch - first)
+        batches = [member._open_epoch(epoch) for member in self.members]
         steps = lead.steps_per_epoch
         samples_per_step = lead.loaders["train"].batch_size * cfg.accumulate
         failed: dict[int, BaseException] = {}
@@ -258,17 +247,11 @@ class FusedTrainer:
                         failed[index] = err
                         self.mask(index)
         results: dict[int, dict[str, float] | BaseException] = dict(failed)
-        for index in self.active:
-            member = self.members[index]
-            if member.scheduler is not None and not member.sched_per_step:
-                member.scheduler.step()
-            member.step, member.running = 0, None
+        for index in list(self.active):
             try:
-                results[index] = member._epoch_metrics()
+                results[index] = self.members[index]._close_epoch()
             except Diverged as err:
                 results[index] = err
-        for index, result in results.items():
-            if isinstance(result, BaseException) and index in self.active:
                 self.mask(index)
         return results
 

@@ -207,17 +207,10 @@ class Trainer:
             self.scheduler.step()
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
-        """One epoch from step :attr:`step` (0 unless resumed mid-epoch: the order is a pure function of the
-        seed and the epoch, so the batches already trained on are skipped, and the running sums restored)."""
-        cfg, loader, first = self.cfg, self.loaders["train"], self.step
-        self.model.train()
-        loader.sampler.set_epoch(epoch)
-        batches = itertools.islice(iter(loader), first * cfg.accumulate, None)
-        running = self.running or {"loss": [0.0] * self.rank.world, "correct": [0] * self.rank.world}
-        self.loss_sum.fill_(running["loss"][self.rank.rank])
-        self.correct.fill_(int(running["correct"][self.rank.rank]))
-        samples_per_step = loader.batch_size * cfg.accumulate  # parallel=dp: a loader batch spans the GPUs
-        self.meter.start_epoch(self.steps_per_epoch - first)
+        """One epoch from step :attr:`step` (0 unless resumed mid-epoch: :meth:`_open_epoch`)."""
+        cfg, first = self.cfg, self.step
+        batches = self._open_epoch(epoch)
+        samples_per_step = self.loaders["train"].batch_size * cfg.accumulate  # parallel=dp: a batch spans the GPUs
         bar = tqdm(
             range(first, self.steps_per_epoch), desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=None, leave=False
         )
@@ -236,6 +229,24 @@ class Trainer:
                 if self.rank.world == 1:  # ranks agree on their mean loss at the epoch's end
                     self._check_finite(value, epoch, step + 1)
                 bar.set_postfix(loss=f"{value:.4f}")
+        return self._close_epoch()
+
+    def _open_epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Epoch ``epoch`` starts at step :attr:`step`: its training micro-batches from there (the order is a pure
+        function of the seed and the epoch, so the batches already trained on are skipped), the running sums
+        restored, the meter started."""
+        loader, first = self.loaders["train"], self.step
+        self.model.train()
+        loader.sampler.set_epoch(epoch)
+        batches = itertools.islice(iter(loader), first * self.cfg.accumulate, None)
+        running = self.running or {"loss": [0.0] * self.rank.world, "correct": [0] * self.rank.world}
+        self.loss_sum.fill_(running["loss"][self.rank.rank])
+        self.correct.fill_(int(running["correct"][self.rank.rank]))
+        self.meter.start_epoch(self.steps_per_epoch - first)
+        return batches
+
+    def _close_epoch(self) -> dict[str, float]:
+        """The epoch's steps done: an epoch-wise schedule stepped, the next epoch from step 0; its training metrics."""
         if self.scheduler is not None and not self.sched_per_step:
             self.scheduler.step()
         self.step, self.running = 0, None

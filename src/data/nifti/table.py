@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import codecs
 import csv
-import hashlib
 import io
 import os
 import re
@@ -56,13 +55,8 @@ class Table:
     classes: tuple[str, ...]
     rows: tuple[Row, ...]  # in the CSV's order
     split_given: bool  # the CSV's split column, not a seeded split
-    raw: bytes = field(
-        repr=False
-    )  # the CSV's bytes, as read once: the rows are theirs, the cache's digest starts there
-
-    @property
-    def digest(self) -> str:
-        return hashlib.md5(self.raw).hexdigest()
+    # the CSV's bytes, as read once: the rows are theirs, the cache's digest starts there
+    raw: bytes = field(repr=False)
 
     def split(self, name: str) -> list[Row]:
         return [row for row in self.rows if row.split == name]

@@ -156,6 +156,11 @@ def bad_cases(root: Path) -> dict[str, tuple[tuple[str, ...], str]]:
     }
 
 
+def moved(rows: list[list[str]], split: str, to: str, label: str | None = None) -> list[list[str]]:
+    """``rows`` with those of ``split`` (of class ``label`` only, where given) moved to split ``to``."""
+    return [[image, lab, to if (at, lab) == (split, label or lab) else at] for image, lab, at in rows]
+
+
 def prepare(root: Path, case: str) -> None:
     """``root``: six good volumes (a and b, one of each per split), spoiled as ``case`` says."""
     six(root)
@@ -175,14 +180,11 @@ def prepare(root: Path, case: str) -> None:
     elif case == "names-and-indices":
         write_csv(root, [*rows[:5], [rows[5][0], 1, "test"]])
     elif case == "no-train-row":
-        write_csv(
-            root,
-            [[image, label, "val" if label == "b" and split == "train" else split] for image, label, split in rows],
-        )
+        write_csv(root, moved(rows, "train", "val", label="b"))
     elif case == "bad-split":
         write_csv(root, [*rows[:3], [rows[3][0], "b", "validation"], *rows[4:]])
     elif case == "empty-split":
-        write_csv(root, [[image, label, "val" if split == "test" else split] for image, label, split in rows])
+        write_csv(root, moved(rows, "test", "val"))
     elif case == "repeated":
         write_csv(root, [*rows[:5], [rows[4][0], "a", "test"]])
     elif case == "repeated-spelt-otherwise":
@@ -231,13 +233,9 @@ def prepare(root: Path, case: str) -> None:
     elif case == "tab-separated":  # as a spreadsheet's "Unicode text": UTF-16 with its BOM (read), tabs between cells
         (root / CSV).write_bytes((root / CSV).read_text().replace(",", "\t").encode("utf-16"))
     elif case == "no-val-class":
-        write_csv(
-            root, [[image, label, "train" if (label, split) == ("b", "val") else split] for image, label, split in rows]
-        )
+        write_csv(root, moved(rows, "val", "train", label="b"))
     elif case == "no-test-class":
-        write_csv(
-            root, [[image, label, "val" if (label, split) == ("a", "test") else split] for image, label, split in rows]
-        )
+        write_csv(root, moved(rows, "test", "val", label="a"))
     elif case == "outside-root":  # a CSV from elsewhere naming a file outside the folder
         write_csv(root, [["a0/../../outside.nii.gz", "a", "train"], *rows[1:]])
     elif case == "absolute":

@@ -213,6 +213,8 @@ def fuse_blocker(cfg: Config) -> str | None:
         "channels_last (the stacked step runs in the contiguous format)": cfg.channels_last,
         "oom_retry (a group cannot halve one member's micro-batch)": cfg.oom_retry,
         "batch_size=auto (its probe fits one job in memory, not a group)": cfg.batch_size == "auto",
+        "mem_budget_mb (a job's budget, not a group's: a group's memory is not planned yet)": cfg.mem_budget_mb
+        is not None,
         "fault.* (test faults act on a job's own process)": cfg.fault.kill_rank is not None
         or cfg.fault.term_step is not None
         or cfg.fault.oom_step is not None,

@@ -108,6 +108,7 @@ def test_on_the_cpu_auto_steps_eagerly_and_true_is_refused():
         (("channels_last=true",), "channels_last"),
         (("oom_retry=true",), "oom_retry"),
         (("batch_size=auto",), "batch_size=auto"),
+        (("mem_budget_mb=24576",), "mem_budget_mb"),
         (("fault.term_step=2",), "fault.*"),
     ],
 )

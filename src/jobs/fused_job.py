@@ -27,7 +27,7 @@ from src.data.files import ensure_file
 from src.data.loaders import load_splits
 from src.errors import UsageError
 from src.folders import held, holder, never_release
-from src.jobs import fuse, job, outcome
+from src.jobs import fuse, job, outcome, rank
 from src.jobs.fuse import Group
 from src.jobs.plan import Job, Plan, plan_job, resolve_batch, save_job_config
 from src.jobs.reporting import MainReporter
@@ -189,10 +189,7 @@ def train_members(
     """The members' training as one process's rank (:func:`src.jobs.rank.train_rank` for a group): each member's
     reporter, checkpoint and hooks; each member closed as it ends (:meth:`ended`)."""
     jobs = [Job.from_plan(m.plan, m.cfg, m.run.run_id, 1, gpus, m.plan.resume, clock) for m in members]
-    execution = jobs[0].execution
-    if execution.device.type == "cuda":
-        execution = execution.on(torch.device("cuda", gpus[0] if gpus else torch.cuda.current_device()))
-        torch.cuda.set_device(execution.device)
+    execution = rank.placed(jobs[0], 0)  # one process: its own first GPU
     clock.mark("launch")
     load_libraries()
     clock.imported()
@@ -258,8 +255,7 @@ def stopped(members: list[Trained], stop: Preempted, preemption: Preemption) -> 
     preemption.begin("closing the stopped runs")
     still = [member for member in members if member.open]
     for member in still:
-        member.run.set_tags({"preempted": "true", "resume_with": f"resume={member.run.run_id}"})
-        member.run.finish("KILLED")
+        outcome.close_resumable(member.run)
     log.warning(
         "preempted (%s): runs %s are KILLED and resumable (the same command again resumes them, fused)",
         stop,

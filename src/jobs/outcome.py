@@ -191,14 +191,20 @@ def closed_failed(run: RunLogger, cfg: Config, plan: Plan, error: BaseException)
     return config_failed(plan, run, message, "lower batch_size, or set oom_retry=true")
 
 
+def close_resumable(run: RunLogger) -> None:
+    """End a stopped run whose checkpoint holds its last epoch: KILLED, tagged ``preempted=true`` (the sweep it stopped
+    is resumable too) and with the ``resume_with`` override that resumes it."""
+    run.set_tags({"preempted": "true", "resume_with": f"resume={run.run_id}"})
+    run.finish("KILLED")
+
+
 def stopped_at_once(run: RunLogger, output_dir: Path) -> NoReturn:
     """A second Ctrl-C stopped the job between checkpoints (never inside one: :func:`src.atomic.uninterrupted`): its
     run ends KILLED, resumable from its last checkpoint and tagged so (``preempted=true``: the sweep it stopped is
     resumable too), exit 130. Before its first checkpoint the run holds no epoch (an epoch is logged once a checkpoint
     holds it) and is deleted: the same command trains the config in a run of its own, none left beside it."""
     if (output_dir / checkpoint.FILE).is_file():
-        run.set_tags({"preempted": "true", "resume_with": f"resume={run.run_id}"})
-        run.finish("KILLED")
+        close_resumable(run)
         log.warning(
             "stopped at once: run %s is KILLED and resumable from its last checkpoint: python -m src.train resume=%s "
             "(or the same command again)",
@@ -228,8 +234,7 @@ def stop_preempted(run: RunLogger, stop: Preempted, preemption: Preemption) -> N
     """A stop signal was honoured and the checkpoint written: the run ends KILLED, tagged resumable; submitit's requeue
     signal goes back to submitit (it requeues the job, which resumes by itself); else exit 128 + the signal."""
     preemption.begin("closing the stopped run")
-    run.set_tags({"preempted": "true", "resume_with": f"resume={run.run_id}"})
-    run.finish("KILLED")
+    close_resumable(run)
     log.warning(
         "preempted (%s): run %s is KILLED and resumable: python -m src.train resume=%s (or the same command again)",
         stop,

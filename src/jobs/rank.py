@@ -28,15 +28,22 @@ from src.training.trainer import Diverged, Hooks
 log = logging.getLogger(__name__)
 
 
+def placed(job: Job, local_rank: int) -> Execution:
+    """``job``'s execution on the GPU this process trains on (the job's first, else ``local_rank``), made the current
+    device and capped to ``mem_budget_mb``; on the CPU as it is."""
+    execution = job.execution
+    if execution.device.type == "cuda":
+        execution = execution.on(torch.device("cuda", job.gpus[0] if job.gpus else local_rank))
+        torch.cuda.set_device(execution.device)
+        cap_to_budget(job.cfg, execution.device)
+    return execution
+
+
 def run_rank(
     job: Job, rank: dist.Rank, store_address: str | None = None, preemption: Preemption | None = None
 ) -> dict[str, float]:
     """One rank's whole training. Raises :class:`Preempted` on every rank when ``preemption`` stopped it."""
-    execution = job.execution
-    if execution.device.type == "cuda":
-        execution = execution.on(torch.device("cuda", job.gpus[0] if job.gpus else rank.local_rank))
-        torch.cuda.set_device(execution.device)
-        cap_to_budget(job.cfg, execution.device)
+    execution = placed(job, rank.local_rank)
     if rank.world > 1:
         dist.init_process_group(job.cfg, execution.backend, rank, store_address)
         # rank 0's: the config, execution and checkpoint it resolved, its run

@@ -31,15 +31,6 @@ from tests.helpers import ROOT, history, kill_group, run_cli, small_run, sweep_r
 from tests.jobs.helpers import as_sweep_job
 from tests.report.helpers import tables
 
-ON_CLUSTER = (pytest.mark.slow, pytest.mark.xdist_group("slurm"))  # one cluster: its tests in one xdist worker
-
-
-def on_cluster(test: Callable) -> Callable:
-    for mark in ON_CLUSTER:
-        test = mark(test)
-    return test
-
-
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "sinfo", "scontrol", "scancel")
 EPOCH_S = 900  # the longest wait for a job's event: minutes of work on a loaded machine; a hang fails there
 
@@ -174,8 +165,9 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def slurm() -> Iterator[SlurmCluster]:
     """The session's SLURM (:class:`SlurmCluster`), ``SLURM_CONF`` in ``os.environ`` for the processes the tests
-    start. Skipped where SLURM is not installed or this is not root, or where it cannot start; under ``CI=true``
-    (whose ``.ci/run`` installs it) those fail."""
+    start: each xdist worker starts its own (its folder, ports and munge socket), and two run side by side. Skipped
+    where SLURM is not installed or this is not root, or where it cannot start; under ``CI=true`` (whose ``.ci/run``
+    installs it) those fail."""
     missing = [name for name in PROGRAMS if shutil.which(name) is None]
     reason = f"{', '.join(missing)} not installed: apt-get install slurm-wlm munge" if missing else None
     if not reason and os.geteuid() != 0:
@@ -359,7 +351,7 @@ def timed(what: str, started: float) -> None:
     print(f"{what}: {time.monotonic() - started:.1f} s")
 
 
-@on_cluster
+@pytest.mark.slow
 def test_a_sweep_runs_each_job_once_a_requeued_one_resumes_and_the_log_names_each_slurm_job(
     tmp_path, store, shared_data, cluster, popen
 ):
@@ -419,7 +411,7 @@ def reach_time_limit(cluster: SlurmCluster, job: str, after_s: float) -> None:
     cluster.run("scontrol", "update", f"JobId={job}", f"TimeLimit={math.ceil((elapsed + after_s) / 60) - 1}")
 
 
-@on_cluster
+@pytest.mark.slow
 def test_a_job_at_its_time_limit_is_requeued_by_submitit_then_stops_resumable_and_the_same_command_finishes_it(
     tmp_path, store, shared_data, cluster, popen
 ):
@@ -461,7 +453,7 @@ def test_a_job_at_its_time_limit_is_requeued_by_submitit_then_stops_resumable_an
     print(f"time limit: requeued once, stopped once, {int(run.data.tags['resumes'])} resumes, 16 epochs, 1 run")
 
 
-@on_cluster
+@pytest.mark.slow
 def test_scancel_of_a_job_and_of_the_sweep_ends_their_runs_resumable_and_the_same_command_resumes_them(
     tmp_path, store, shared_data, cluster, popen
 ):
@@ -505,7 +497,7 @@ def test_scancel_of_a_job_and_of_the_sweep_ends_their_runs_resumable_and_the_sam
         assert epochs_logged(store, run.info.run_id) == [0, 1, 2, 3, 4]
 
 
-@on_cluster
+@pytest.mark.slow
 def test_the_same_command_after_the_sweeps_process_was_killed_waits_for_its_jobs_in_slurm_rather_than_submit_them(
     tmp_path, store, shared_data, cluster, popen
 ):
@@ -550,7 +542,7 @@ def test_the_same_command_after_the_sweeps_process_was_killed_waits_for_its_jobs
     assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:], strict=False)), spans  # 1 at a time
 
 
-@on_cluster
+@pytest.mark.slow
 def test_a_ddp_job_of_two_slurm_tasks_forms_one_process_group_and_logs_one_run(tmp_path, store, shared_data, cluster):
     """``tasks_per_node=2``: SLURM starts the job's two tasks, which join one gloo process group from SLURM's variables
     (through submitit's); rank 0 logs the one run."""

@@ -38,7 +38,9 @@ from src.errors import UsageError
 from src.tracking.identity import flatten
 from src.tracking.store import (
     DEFAULT_TRACKING_URI,
+    HTTP_RETRIES,
     best_metric,
+    bound_retries,
     check_store,
     create_experiment,
     ensure_store,
@@ -232,11 +234,12 @@ def server_process(uri: str) -> psutil.Process:
 
 @pytest.mark.slow
 def test_a_server_that_dies_mid_sweep_ends_it_in_one_line_and_the_same_command_loses_and_duplicates_nothing(
-    tmp_path, shared_data
+    tmp_path, shared_data, monkeypatch
 ):
     """The server is SIGKILLed while job 0 trains: the sweep ends in one line (exit 2; it ended 0 with a warning of
     Hydra's, after 9 minutes of MLflow's retries), job 0's checkpoint kept; the server started again, the same
     command resumes job 0 and trains job 1, each epoch logged once."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")  # a user's own, honoured: each failing call ends in ~2 s
     backend, epochs = f"sqlite:///{tmp_path / 'server.db'}", 4
     sweep = ("seed=0,1", f"epochs={epochs}", "limit_batches=4", "checkpoint.every_s=0")
     with serve_mlflow(backend, tmp_path) as uri:
@@ -275,6 +278,14 @@ def test_a_server_that_dies_mid_sweep_ends_it_in_one_line_and_the_same_command_l
         for key in ("train/loss", "val/auc"):
             assert history[key] == list(range(epochs)), (seed, key, history[key])  # each epoch once
         assert history["test/auc"] == [epochs], seed
+
+
+def test_mlflows_retries_of_a_server_are_bounded_where_the_user_set_none(monkeypatch):
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")  # the user's own
+    bound_retries()
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == HTTP_RETRIES["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "4"
+    assert os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"] == "1"
 
 
 def create_at_once(uri: str, start: threading.Barrier) -> str:

@@ -28,9 +28,10 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
+from src.atomic import uninterrupted_now, when_uninterrupted
 from src.config import Config, store_schema
 from src.config.bounded import load_yaml
-from src.errors import UsageError, exit_with, one_line
+from src.errors import Stopped, UsageError, exit_with, interruption, one_line
 from src.folders import register_fresh, release_claimed, release_refused
 from src.parallel.preemption import HANGUP
 from src.redaction import conceal_arguments
@@ -120,7 +121,7 @@ def reporting_composition_errors(
 
     @functools.wraps(hydra_main)
     def run(*args: Any) -> Any:
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # src's, while the command's modules were imported
+        signal.signal(signal.SIGINT, raise_interrupt)  # src's, while the command's modules were imported
         for signum in (signal.SIGTERM, *HANGUP):  # not their default: the command's cleanup (temp files) runs
             signal.signal(signum, raise_stopped)
         sys.argv[1:] = conceal_arguments(sys.argv[1:])  # a secret in a URI: *** in all Hydra saves, logs and hands on
@@ -128,26 +129,50 @@ def reporting_composition_errors(
             if os.environ.get(FULL_ERROR) == "1":
                 return hydra_main(*args)
             return one_line_errors(hydra_main, config_name, sweeps, *args)
-        except Stopped as stop:  # outside a job (a job checkpoints, then exits 128 + the signal itself)
-            print(f"stopped ({signal.Signals(stop.signum).name})", file=sys.stderr)
-            sys.exit(128 + stop.signum)
+        except Exception as err:  # a library's cleanup that failed over a stop cutting it: the stop's end
+            if (stop := interruption(err)) is None:
+                raise
+            end_stopped(stop)
+        except (Stopped, KeyboardInterrupt) as stop:  # outside a job (a job checkpoints, then exits 128 + the signal)
+            end_stopped(stop)
         finally:
             release_claimed()
 
     return run
 
 
-class Stopped(BaseException):
-    """SIGTERM or SIGHUP outside a job: raised in the main thread, as Ctrl-C raises :class:`KeyboardInterrupt`, so
-    that what the command was doing ends as an exception ends it (an atomic write's temp file removed, a claimed folder
-    released) rather than at once; a ``BaseException``: no ``except Exception`` takes it for a failure."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
+def end_stopped(stop: BaseException) -> NoReturn:
+    """End the command on a stop outside a job: one line, exit 128 + the signal."""
+    signum = stop.signum if isinstance(stop, Stopped) else signal.SIGINT
+    print(f"stopped ({'Ctrl-C' if signum == signal.SIGINT else signal.Signals(signum).name})", file=sys.stderr)
+    sys.exit(128 + signum)
 
 
-def raise_stopped(signum: int, frame: Any) -> NoReturn:
+def raise_interrupt(signum: int, frame: Any) -> None:
+    """Ctrl-C outside a job: :class:`KeyboardInterrupt`, as Python's own handler raises it, but where the main thread
+    is in an uninterrupted block (a data file's write) as the block ends."""
+    deferred(signum)
+    when_uninterrupted(throw_interrupt)
+
+
+def raise_stopped(signum: int, frame: Any) -> None:
+    """SIGTERM or SIGHUP outside a job: :class:`Stopped`, now or as the main thread's uninterrupted block ends."""
+    deferred(signum)
+    when_uninterrupted(functools.partial(throw_stopped, signum))
+
+
+def deferred(signum: int) -> None:
+    """Say that signal ``signum`` waits for the main thread's uninterrupted block, if it is in one."""
+    if (doing := uninterrupted_now()) is not None:
+        line = f"received {signal.Signals(signum).name}: stopping when {doing} is done\n"
+        os.write(sys.stderr.fileno(), line.encode())  # not print: the handler may have cut a write to stderr
+
+
+def throw_interrupt() -> NoReturn:
+    raise KeyboardInterrupt
+
+
+def throw_stopped(signum: int) -> NoReturn:
     raise Stopped(signum)
 
 
@@ -174,9 +199,6 @@ def one_line_errors(hydra_main: Callable[..., Any], config_name: str, sweeps: bo
     except OverflowError:  # OmegaConf's, converting an int past the float range (309 digits or more) to a float
         keys = [arg.partition("=")[0] for arg in sys.argv[1:] if re.search(r"\d{309}", arg)]
         exit_with(UsageError(f"{', '.join(keys) or 'a value'}: a number past the float range: give one below 1e308"))
-    except KeyboardInterrupt:  # Ctrl-C outside a job (a job turns it into a checkpoint and exit 130 itself)
-        print("stopped (Ctrl-C)", file=sys.stderr)
-        sys.exit(128 + signal.SIGINT)
     finally:
         if previous is None:
             del os.environ[FULL_ERROR]

@@ -1,4 +1,4 @@
-"""The one exception type for bad user input: printed as one line, exit code 2, no traceback."""
+"""How a command ends other than by finishing: bad user input (one line, exit code 2, no traceback), a stop signal."""
 
 from __future__ import annotations
 
@@ -12,6 +12,28 @@ from src.redaction import redact
 
 class UsageError(Exception):
     """A bad value in the user's config or environment; the message names the value and the fix."""
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGHUP outside a job: raised in the main thread, as Ctrl-C raises :class:`KeyboardInterrupt`, so
+    that what the command was doing ends as an exception ends it (an atomic write's temp file removed, a claimed folder
+    released) rather than at once; a ``BaseException``: no ``except Exception`` takes it for a failure."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def interruption(err: BaseException) -> BaseException | None:
+    """The Ctrl-C (:class:`KeyboardInterrupt`) or :class:`Stopped` that ``err`` was raised while handling (a library's
+    cleanup failing over the signal that cut it short); None where there is none."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, (KeyboardInterrupt, Stopped)):
+            return err
+        seen.add(id(err))
+        err = err.__context__
+    return None
 
 
 def first_few(names: list[str], shown: int = 3) -> str:

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from src.cli import hydra_arguments
-from src.errors import UsageError
+from src.cli import hydra_arguments, reporting_composition_errors
+from src.data.npz import read_npz
+from src.errors import Stopped, UsageError
 from src.training import checkpoint
 from tests.helpers import (
     ROOT,
@@ -211,8 +212,9 @@ def test_ctrl_c_while_the_command_imports_is_one_line():
 
 @pytest.mark.slow
 def test_sigterm_outside_a_job_ends_in_one_line_and_leaves_no_temp_file(tmp_path, store):
-    """SIGTERM while a sweep's main process generates the jobs' data, before any job: the signal's default ended the
-    command at once, silent, leaving the half-written data file's temp beside it."""
+    """SIGTERM while a sweep's main process writes the jobs' data file, before any job: the signal's default ended the
+    command at once, silent, leaving the half-written file's temp beside it; raised inside the zip writer, the
+    exception its cleanup raised over it was a traceback, exit 1. The write ends, then the command, in one line."""
     root = tmp_path / "data"
     data = ("data=synthetic", f"data.root={root}", "data.size=64", "data.synthetic_samples=[800,100,100]")
     args = ("-m", *data, "device=cpu", f"mlflow.tracking_uri={store}", f"hydra.sweep.dir={tmp_path}/sweep", "seed=0,1")
@@ -224,8 +226,11 @@ def test_sigterm_outside_a_job_ends_in_one_line_and_leaves_no_temp_file(tmp_path
     finally:
         kill_group(process)
     text = log.read_text()
-    assert text.splitlines()[-1] == "stopped (SIGTERM)" and "Traceback" not in text, text[-3000:]
-    assert list(root.iterdir()) == []  # no temp file, no half file
+    name = "synthetic_800-100-100_64.npz"
+    assert text.splitlines()[-2:] == [f"received SIGTERM: stopping when writing {name} is done", "stopped (SIGTERM)"]
+    assert "Traceback" not in text, text[-3000:]
+    assert [path.name for path in root.iterdir()] == [name]  # no temp file, no half file: the whole one
+    assert [len(labels) for _, labels in read_npz(root / name).values()] == [800, 100, 100]
     assert runs(store) == [] and not (tmp_path / "sweep").exists()
 
 
@@ -494,3 +499,30 @@ def test_an_experiment_file_holding_an_alias_bomb_is_one_line(tmp_path, store):
     assert one_error_line(result).startswith(
         f"error: {tmp_path / 'recipes' / 'experiment' / 'bomb.yaml'} holds more than 20000 values once its YAML aliases"
     )
+
+
+@pytest.fixture
+def own_handlers():
+    """The signal handlers a command's wrapper sets, put back after the test."""
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
+@pytest.mark.parametrize(
+    "stop,code,line", [(Stopped(signal.SIGTERM), 143, "SIGTERM"), (KeyboardInterrupt(), 130, "Ctrl-C")]
+)
+def test_an_error_a_library_raises_over_a_stop_ends_as_the_stop(stop, code, line, monkeypatch, capsys, own_handlers):
+    """A signal cut a library's write; its cleanup failed over it (zipfile's ``ValueError``): a traceback, exit 1."""
+
+    def main() -> None:
+        try:
+            raise stop
+        except BaseException:
+            raise ValueError("Can't close the ZIP file while there is an open writing handle on it") from None
+
+    monkeypatch.setattr(sys, "argv", ["train"])
+    with pytest.raises(SystemExit) as ended:
+        reporting_composition_errors(main, "train")()
+    assert ended.value.code == code and capsys.readouterr().err == f"stopped ({line})\n"

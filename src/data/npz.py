@@ -1,6 +1,6 @@
 """The `.npz` layout every kind of data file shares, MedMNIST's (``train_images`` uint8 ``(N, D, H, W)`` or
-``(N, C, D, H, W)``, ``train_labels`` ``(N, 1)``, then ``val_*`` and ``test_*``): read and checked, and one split as
-tensors checked against the config; every refusal one line with the fix for the file's kind."""
+``(N, C, D, H, W)``, ``train_labels`` ``(N, 1)``, then ``val_*`` and ``test_*``): written, read and checked, and one
+split as tensors checked against the config; every refusal one line with the fix for the file's kind."""
 
 from __future__ import annotations
 
@@ -11,9 +11,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from src.atomic import atomic_path, uninterrupted
 from src.config import SPLITS, DataConfig
 from src.data.names import replace_fix
 from src.errors import UsageError
+
+
+def write_npz(path: Path, arrays: dict[str, np.ndarray], compressed: bool) -> None:
+    """``arrays`` as the `.npz` ``path``, whole or absent; a stop signal during the write acts as it ends (cut, the
+    zip writer's cleanup fails over the signal's exception and leaves a traceback)."""
+    with uninterrupted(f"writing {path.name}"), atomic_path(path) as partial, partial.open("wb") as out:
+        (np.savez_compressed if compressed else np.savez)(out, **arrays)
 
 
 def read_npz(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:

@@ -7,10 +7,9 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from src.atomic import atomic_path
 from src.config import SPLITS, DataConfig
 from src.data.names import replace_fix
-from src.data.npz import bad_split, fitted, read_npz
+from src.data.npz import bad_split, fitted, read_npz, write_npz
 from src.errors import UsageError
 
 ARRAYS_CHECKED: set[tuple] = set()  # (path, size, mtime_ns, inode, config) of the synthetic files checked
@@ -71,5 +70,4 @@ def write_synthetic(cfg: DataConfig, path: Path) -> None:
             shape = (dist <= radius).astype(np.float32)
             images[i] = np.clip(200 * shape + rng.normal(30, 25, size=(s, s, s)), 0, 255).astype(np.uint8)
         arrays[f"{split}_images"], arrays[f"{split}_labels"] = images, labels
-    with atomic_path(path) as partial, partial.open("wb") as out:
-        np.savez_compressed(out, **arrays)
+    write_npz(path, arrays, compressed=True)

@@ -21,7 +21,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from src.errors import UsageError, exit_with, one_line
+from src.errors import UsageError, exit_with, interruption, one_line
 from src.folders import check_hydra_files, check_no_chdir, check_own_folder, writable
 from src.jobs.sweep_checks import SweepJob, checked_jobs, grid
 
@@ -96,7 +96,9 @@ class Sweep(Callback):
             self.main = open_sweep(config, jobs)
         except (UsageError, HydraException, OmegaConfBaseException) as err:  # Hydra would go on to the jobs unchecked
             exit_with(err if isinstance(err, UsageError) else one_line(err))  # the command's end releases the folder
-        except Exception:  # a fault of the checks: Hydra warns of a callback's error and starts the jobs, unchecked
+        except Exception as err:  # a fault of the checks: Hydra warns of a callback's error, starts the jobs unchecked
+            if (stop := interruption(err)) is not None:  # a library's cleanup failed over a stop that cut it
+                raise stop from None
             log.exception("the sweep's checks failed")
             sys.exit(1)
 

@@ -103,12 +103,16 @@ def check_usable(uri: str) -> None:
 
 
 def probe_server(uri: str) -> None:
-    """The tracking server answers ``/health`` and its REST API, once each, within :data:`TIMEOUT_S`: MLflow's HTTP
-    client with no retry (its credentials and TLS settings)."""
+    """The tracking server answers ``/health`` within :data:`TIMEOUT_S`, then its REST API within MLflow's own request
+    timeout (``MLFLOW_HTTP_REQUEST_TIMEOUT``, 120 s unless set: a server's first call opens its backend store, on a
+    fresh database creating its tables), once each: MLflow's HTTP client with no retry (its credentials and TLS
+    settings)."""
+    from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_TIMEOUT
     from mlflow.tracking._tracking_service.utils import get_default_host_creds  # what MLflow's RestStore sends
     from mlflow.utils.rest_utils import http_request
 
-    for endpoint, method, body in (("/health", "GET", None), (SEARCH_EXPERIMENTS, "POST", {"max_results": 1})):
+    probes = (("/health", "GET", None, TIMEOUT_S), (SEARCH_EXPERIMENTS, "POST", {"max_results": 1}, None))
+    for endpoint, method, body, timeout in probes:
         url = f"{uri.rstrip('/')}{endpoint}"
         try:
             reply = http_request(
@@ -116,7 +120,7 @@ def probe_server(uri: str) -> None:
                 endpoint,
                 method,
                 max_retries=0,
-                timeout=TIMEOUT_S,
+                timeout=timeout or MLFLOW_HTTP_REQUEST_TIMEOUT.get(),
                 raise_on_status=False,
                 json=body,
             )

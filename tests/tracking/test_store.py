@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -35,6 +36,7 @@ from omegaconf import OmegaConf
 from sqlalchemy import event
 
 from src.errors import UsageError
+from src.tracking import store as store_module
 from src.tracking.identity import flatten
 from src.tracking.store import (
     DEFAULT_TRACKING_URI,
@@ -42,6 +44,7 @@ from src.tracking.store import (
     best_metric,
     bound_retries,
     check_store,
+    check_usable,
     create_experiment,
     ensure_store,
     experiment_id,
@@ -121,15 +124,20 @@ def owned(path: Path, mode: int) -> Path:
     return path
 
 
-@pytest.fixture
-def answering_503() -> Iterator[str]:
-    """A server whose ``/health`` answers 200 and everything else 503 (a tracking server whose store is down)."""
+@contextlib.contextmanager
+def answering(api_status: int, api_delay_s: float = 0) -> Iterator[str]:
+    """A local HTTP server whose ``/health`` answers 200 at once, and everything else ``api_status`` (an empty JSON
+    object) after ``api_delay_s``."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            self.send_response(200 if self.path == "/health" else 503)
-            self.send_header("Content-Length", "0")
+            api = self.path != "/health"
+            if api:
+                time.sleep(api_delay_s)
+            self.send_response(api_status if api else 200)
+            self.send_header("Content-Length", "2")
             self.end_headers()
+            self.wfile.write(b"{}")
 
         do_POST = do_GET
 
@@ -144,6 +152,25 @@ def answering_503() -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def answering_503() -> Iterator[str]:
+    """A tracking server whose store is down."""
+    with answering(503) as uri:
+        yield uri
+
+
+def test_a_server_whose_first_api_call_opens_its_store_is_waited_for(monkeypatch):
+    """``/health`` answers at once, the API after the check's timeout for a connection: a server's first call opens
+    its backend store (on a fresh PostgreSQL database, MLflow creates its tables), which a loaded machine took more
+    than 5 s for; that was refused as unreachable. Now the API has MLflow's own request timeout, the user's if set."""
+    monkeypatch.setattr(store_module, "TIMEOUT_S", 1)
+    with answering(200, api_delay_s=2) as uri:
+        check_usable(uri)
+        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")
+        with pytest.raises(UsageError, match=r"is unreachable \(.*timed out.* on .*/api/2.0/mlflow/experiments/search"):
+            check_usable(uri)
 
 
 def test_a_file_of_random_bytes_is_refused_and_left_as_it_is(tmp_path):

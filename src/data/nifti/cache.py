@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from src.atomic import atomic_path
 from src.config import NIFTI, SPLITS, DataConfig, Intensity
 from src.data.nifti.preprocess import Header, check_layout, check_resampled, cubes, read_header
 from src.data.nifti.snapshot import Stamp, stamp
 from src.data.nifti.table import Row, Table, read_table
+from src.data.npz import write_npz
 from src.errors import UsageError
 from src.folders import CACHE_ENV
 
@@ -171,8 +171,7 @@ def build(cfg: DataConfig, table: Table, path: Path, stamped: list[Stamp]) -> No
         "preprocessing": preprocessing(cfg),
     }
     try:
-        with atomic_path(path) as partial, partial.open("wb") as out:
-            np.savez(out, **arrays, meta=np.array(json.dumps(meta)))
+        write_npz(path, {**arrays, "meta": np.array(json.dumps(meta))}, compressed=False)
     except OSError as err:  # a read-only folder, a file named as the folder, a name too long
         raise unwritable(path, err) from None
     log.info("cached %s (%.1f MiB) in %.0f s", path, path.stat().st_size / 2**20, time.perf_counter() - start)

@@ -121,9 +121,8 @@ def reporting_composition_errors(
 
     @functools.wraps(hydra_main)
     def run(*args: Any) -> Any:
-        signal.signal(signal.SIGINT, raise_interrupt)  # src's, while the command's modules were imported
-        for signum in (signal.SIGTERM, *HANGUP):  # not their default: the command's cleanup (temp files) runs
-            signal.signal(signum, raise_stopped)
+        for signum in (signal.SIGINT, signal.SIGTERM, *HANGUP):  # SIGINT: src's, while the modules were imported;
+            signal.signal(signum, raise_stop)  # the others not their default: the command's cleanup (temp files) runs
         sys.argv[1:] = conceal_arguments(sys.argv[1:])  # a secret in a URI: *** in all Hydra saves, logs and hands on
         try:
             if os.environ.get(FULL_ERROR) == "1":
@@ -148,32 +147,18 @@ def end_stopped(stop: BaseException) -> NoReturn:
     sys.exit(128 + signum)
 
 
-def raise_interrupt(signum: int, frame: Any) -> None:
-    """Ctrl-C outside a job: :class:`KeyboardInterrupt`, as Python's own handler raises it, but where the main thread
-    is in an uninterrupted block (a data file's write) as the block ends."""
-    deferred(signum)
-    when_uninterrupted(throw_interrupt)
-
-
-def raise_stopped(signum: int, frame: Any) -> None:
-    """SIGTERM or SIGHUP outside a job: :class:`Stopped`, now or as the main thread's uninterrupted block ends."""
-    deferred(signum)
-    when_uninterrupted(functools.partial(throw_stopped, signum))
-
-
-def deferred(signum: int) -> None:
-    """Say that signal ``signum`` waits for the main thread's uninterrupted block, if it is in one."""
+def raise_stop(signum: int, frame: Any) -> None:
+    """A stop signal outside a job: Ctrl-C's :class:`KeyboardInterrupt` (as Python's own handler raises it), SIGTERM's
+    or SIGHUP's :class:`Stopped`; now, or where the main thread is in an uninterrupted block (a data file's write) as
+    the block ends, said on stderr."""
     if (doing := uninterrupted_now()) is not None:
         line = f"received {signal.Signals(signum).name}: stopping when {doing} is done\n"
         os.write(sys.stderr.fileno(), line.encode())  # not print: the handler may have cut a write to stderr
+    when_uninterrupted(functools.partial(throw_stop, signum))
 
 
-def throw_interrupt() -> NoReturn:
-    raise KeyboardInterrupt
-
-
-def throw_stopped(signum: int) -> NoReturn:
-    raise Stopped(signum)
+def throw_stop(signum: int) -> NoReturn:
+    raise KeyboardInterrupt if signum == signal.SIGINT else Stopped(signum)
 
 
 def one_line_errors(hydra_main: Callable[..., Any], config_name: str, sweeps: bool, *args: Any) -> Any:

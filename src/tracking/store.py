@@ -111,7 +111,10 @@ def probe_server(uri: str) -> None:
     from mlflow.tracking._tracking_service.utils import get_default_host_creds  # what MLflow's RestStore sends
     from mlflow.utils.rest_utils import http_request
 
-    probes = (("/health", "GET", None, TIMEOUT_S), (SEARCH_EXPERIMENTS, "POST", {"max_results": 1}, None))
+    probes = (
+        ("/health", "GET", None, TIMEOUT_S),
+        (SEARCH_EXPERIMENTS, "POST", {"max_results": 1}, MLFLOW_HTTP_REQUEST_TIMEOUT.get()),
+    )
     for endpoint, method, body, timeout in probes:
         url = f"{uri.rstrip('/')}{endpoint}"
         try:
@@ -120,7 +123,7 @@ def probe_server(uri: str) -> None:
                 endpoint,
                 method,
                 max_retries=0,
-                timeout=timeout or MLFLOW_HTTP_REQUEST_TIMEOUT.get(),
+                timeout=timeout,
                 raise_on_status=False,
                 json=body,
             )

@@ -26,7 +26,7 @@ from src.jobs import dry_run, fuse
 from src.jobs.plan import Plan, plan_job, resolve_batch
 from src.jobs.stop_record import STOP_FILE, Stop, read_stop, signalled, write_stop
 from src.jobs.sweep_checks import SweepJob, grid, handed_at_once
-from src.jobs.sweep_workers import workers_killed_stop_the_sweep
+from src.jobs.sweep_workers import local_jobs_killed_stop_the_sweep, workers_killed_stop_the_sweep
 from src.parallel import machine_share, mps
 from src.parallel.launch import launcher_jobs
 from src.parallel.preemption import SignalWatcher
@@ -133,13 +133,25 @@ class SweepMain:
         self.watcher = SignalWatcher(self.stopped)
         self.watcher.start()
         self.parent = open_parent(config, client, sweep_dir)
-        if "joblib" in str(OmegaConf.select(config, "hydra.launcher._target_", default="")):
+        launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default=""))
+        if "joblib" in launcher:
             kept.enter_context(workers_killed_stop_the_sweep(sweep_dir, self.worker_killed))
+        elif launcher.endswith("submitit_launcher.LocalLauncher"):
+            kept.enter_context(local_jobs_killed_stop_the_sweep(sweep_dir, self.local_job_killed))
         atexit.register(self.close)
 
     def worker_killed(self, signum: int) -> NoReturn:
-        """One of joblib's workers died of ``signum`` (:mod:`src.jobs.sweep_workers`; the others stopped): its run
-        closed KILLED (``status=process_gone``), the command ended with one line naming it."""
+        """One of joblib's workers died of ``signum`` (:mod:`src.jobs.sweep_workers`): the others stopped."""
+        self.job_killed(signum, "the other running jobs checkpointed and stopped")
+
+    def local_job_killed(self, signum: int) -> NoReturn:
+        """A submitit_local job's process died of ``signum``: the others trained on to their end."""
+        self.job_killed(signum, "the other jobs ran to their end")
+
+    def job_killed(self, signum: int, others: str) -> NoReturn:
+        """A job's process died of ``signum``, what became of the other jobs said in ``others``: its run closed KILLED
+        (``status=process_gone``), the stop recorded (unless one stands) and the command ended with one line naming
+        it."""
         client, name = self.parent.client, signal.Signals(signum).name
         experiment = client.get_run(self.parent.run_id).info.experiment_id
         of_sweep = f"tags.`mlflow.parentRunId` = '{self.parent.run_id}' and attributes.status = 'RUNNING'"
@@ -149,11 +161,11 @@ class SweepMain:
             + ("resumable from its last checkpoint" if has_checkpoint(run) else "with no checkpoint to resume")
             for run in lost
         )
+        write_stop(self.sweep_dir, Stop(f"a job's process was killed ({name})", 128 + signum))
         self.end(
-            f"a job's process was killed ({name}): {whose or 'it ran no job'}; the other running jobs checkpointed "
-            "and stopped: the same command again resumes the sweep"
+            f"a job's process was killed ({name}): {whose or 'it ran no job'}; {others}: the same command again "
+            "resumes the sweep"
         )
-        sys.exit(128 + signum)  # no stop record: another process removed it
 
     def stopped(self, signum: int) -> None:
         log.warning(

@@ -1,17 +1,23 @@
-"""A joblib worker of a sweep killed outright (SIGKILL, the out-of-memory killer, a segfault): a resumable stop of the
-sweep, not loky's end of it.
+"""A job's process of a sweep killed outright (SIGKILL, the out-of-memory killer, a segfault): a resumable stop of the
+sweep in one line, not the launcher's traceback.
 
-loky, seeing one worker die, SIGKILLs the others at once (their runs stayed RUNNING, with nothing checkpointed since
-their last epoch) and joblib raises ``TerminatedWorkerError`` through Hydra (a traceback, the parent run FAILED).
+joblib: loky, seeing one worker die, SIGKILLs the others at once (their runs stayed RUNNING, with nothing checkpointed
+since their last epoch) and joblib raises ``TerminatedWorkerError`` through Hydra (a traceback, the parent run FAILED).
 While a joblib sweep runs, its main process instead records the stop (no job starts after it), asks the other workers
-to stop as SIGTERM stops them (checkpoint, KILLED, resumable) and waits for their jobs to end before loky ends them;
-then it closes the dead worker's run KILLED (``status=process_gone``) and ends the command with one ``error:`` line,
-exit 128 + the signal that killed it: the same command again resumes the sweep."""
+to stop as SIGTERM stops them (checkpoint, KILLED, resumable) and waits for their jobs to end before loky ends them.
+
+submitit_local: submitit raised ``UncompletedJobError`` through Hydra for the job without a result (a traceback, its
+run left RUNNING, the parent run FAILED). Every job runs in a process of its own, so the others train on to their end;
+the stop is recorded at once (no job starts after it).
+
+Either way the main process then closes the dead job's run KILLED (``status=process_gone``) and ends the command with
+one ``error:`` line, exit 128 + the signal that killed it: the same command again resumes the sweep."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
 import time
@@ -92,3 +98,39 @@ def workers_killed_stop_the_sweep(sweep_dir: Path, ended: Callable[[int], None])
         yield
     finally:
         manager.terminate_broken, Parallel.__call__ = end_pool, call
+
+
+@contextlib.contextmanager
+def local_jobs_killed_stop_the_sweep(sweep_dir: Path, ended: Callable[[int], None]) -> Iterator[None]:
+    """For the block, a submitit_local job that ended without a result (its process killed: no result file) records
+    the sweep's stop and returns NaN (a failed trial to Optuna) to Hydra's launcher, which waits for the other jobs;
+    its ``launch`` then ends the sweep as ``ended(signum)``. submitit and the launcher as they were after it."""
+    from hydra.core.utils import JobReturn, JobStatus
+    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import LocalLauncher
+    from submitit.core.utils import UncompletedJobError
+    from submitit.local.local import LocalJob
+
+    results, launch, died = LocalJob.results, LocalLauncher.launch, []
+
+    def job_results(self):
+        try:
+            return results(self)
+        except UncompletedJobError:
+            code = self._process.poll() if self._process is not None else None  # the controller's: its own signal
+            died.append(-code if code is not None and code < 0 else signal.SIGKILL)
+            name = signal.Signals(died[-1]).name
+            write_stop(sweep_dir, Stop(f"a job's process was killed ({name})", 128 + died[-1]))
+            log.warning("a job's process was killed (%s): the other jobs train on, no job starts", name)
+            return [JobReturn(overrides=self.submission().args[0], status=JobStatus.COMPLETED, _return_value=math.nan)]
+
+    def launched(self, job_overrides, initial_job_idx):
+        returned = launch(self, job_overrides, initial_job_idx)
+        if died:
+            ended(died[0])
+        return returned
+
+    LocalJob.results, LocalLauncher.launch = job_results, launched
+    try:
+        yield
+    finally:
+        LocalJob.results, LocalLauncher.launch = results, launch

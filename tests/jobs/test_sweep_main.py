@@ -16,6 +16,7 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from src.errors import UsageError
+from src.folders import LOCK_FILE
 from src.jobs.sweep_checks import SweepJob
 from src.training import checkpoint
 from tests.helpers import (
@@ -311,3 +312,39 @@ def test_a_sweep_whose_data_is_missing_fails_in_one_line_before_any_run(tmp_path
     assert result.stderr.strip().splitlines()[-1].startswith("error: job 1 (data=organmnist3d): ")
     assert "organmnist3d.npz not found" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "mlflow.db").exists()  # no store created, so no run
+
+
+@pytest.mark.slow
+def test_a_submitit_local_job_killed_outright_ends_the_sweep_resumably_in_one_line(tmp_path, store, shared_data):
+    """SIGKILL to a submitit_local job's process (the out-of-memory killer's way): submitit's `UncompletedJobError`
+    traceback, the job's run left RUNNING, the parent run FAILED. Now the other job trains to its end, the killed one's
+    run is closed resumable, one line; the same command again resumes it."""
+    args = ("hydra/launcher=submitit_local", *small_run(tmp_path, store, shared_data, *TRAINING, "epochs=3"))
+    args = (*args, "checkpoint.every_s=0", "seed=0,1")
+    process, log = start_sweep(tmp_path, *args)
+    wait_for_path(tmp_path / "sweep" / "0", checkpoint.FILE, process)
+    lock = str(tmp_path / "sweep" / "0" / LOCK_FILE)
+    (job,) = [p for p in psutil.Process(process.pid).children(recursive=True) if holds(p, lock)]
+    job.kill()
+    assert finish(process, log) == 128 + signal.SIGKILL, log.read_text()[-3000:]
+    text = log.read_text()
+    assert "Traceback" not in text, text[-3000:]
+    (line,) = [line for line in text.splitlines() if line.startswith("error:")]
+    assert "was killed (SIGKILL): job run " in line and "is KILLED (status=process_gone), resumable" in line
+    assert line.endswith("the other jobs ran to their end: the same command again resumes the sweep")
+    (parent,), jobs = sweep_runs(store)
+    assert parent.info.status == "KILLED"
+    ended = {r.data.tags["mlflow.runName"].split()[-1]: (r.info.status, r.data.tags.get("status")) for r in jobs}
+    assert ended == {"seed=0": ("KILLED", "process_gone"), "seed=1": ("FINISHED", None)}
+
+    again = run_cli("-m", *args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    _, after = sweep_runs(store)
+    assert {r.info.run_id: r.info.status for r in after} == {r.info.run_id: "FINISHED" for r in jobs}
+
+
+def holds(process: psutil.Process, path: str) -> bool:
+    try:
+        return any(opened.path == path for opened in process.open_files())
+    except psutil.Error:
+        return False

@@ -36,6 +36,7 @@ CPU_LARGEST_COPIES = 3.0  # oneDNN's reordered copies of the largest activation 
 CPU_COPIED_MB = 64.0  # ... counted up to this size
 CPU_HEAP_KEPT = 0.8  # of the heap-served activations glibc keeps resident ...
 CPU_HEAP_KEPT_WEIGHTS = 10  # ... up to this many times the largest weight
+CPU_RECOMPUTE_KEPT = 0.25  # of the activations checkpointing recomputes in backward, the heap glibc keeps around them
 CPU_BASELINE = ("params_mb", "data_mb", "ema_mb")  # in the RSS at MemoryMonitor.start: not counted on CPU
 # A graphed step (CUDA only) holds, beyond the eager step, terms not yet fitted on a GPU (docs/memory.md): its private
 # pool, a share of the eager step's peak (the eager warm-up steps' blocks stay cached in the allocator, which the pool
@@ -67,6 +68,7 @@ class Footprint:
     amp_copies: int
     peak: int
     param_tensors: int = 0  # how many: a graphed step's capturable optimizer keeps a device scalar for each
+    recomputed: int = 0  # the activations checkpointing does not save: recomputed in backward
 
 
 class LiveBytes(TorchDispatchMode):
@@ -185,6 +187,7 @@ def footprint(cfg: Config, execution: Execution, batch_size: int) -> Footprint:
         saved = SavedTensors([*model.parameters(), *model.buffers(), x])
         with autocast(), saved, WeightCasts(list(model.parameters())) as casts:
             F.cross_entropy(model(x), labels)
+        recomputed = _recomputed(model, x, labels, autocast, sum(saved.sizes))
         with LiveBytes() as live:
             for _ in range(min(cfg.accumulate, 2)):
                 images, x, labels = _batch(data, batch_size, device)  # the uint8 batch stays referenced, as in training
@@ -201,7 +204,26 @@ def footprint(cfg: Config, execution: Execution, batch_size: int) -> Footprint:
             casts.nbytes,
             live.peak,
             len(params),
+            recomputed,
         )
+
+
+def _recomputed(model: nn.Module, x: torch.Tensor, labels: torch.Tensor, autocast, saved: int) -> int:
+    """The bytes of the activations a checkpointed ``model`` does not save but recomputes in backward: what a forward
+    with its checkpointing off saves beyond the ``saved`` bytes of one with it on; 0 where no module checkpoints."""
+    checked = [module for module in model.modules() if getattr(module, "checkpointing", False)]
+    if not checked:
+        return 0
+    for module in checked:
+        module.checkpointing = False
+    try:
+        unchecked = SavedTensors([*model.parameters(), *model.buffers(), x])
+        with autocast(), unchecked:
+            F.cross_entropy(model(x), labels)
+        return sum(unchecked.sizes) - saved
+    finally:
+        for module in checked:
+            module.checkpointing = True
 
 
 def optimizer_state_factor(cfg: OptimConfig) -> int:
@@ -299,12 +321,14 @@ class MemoryPrediction:
 
 def cpu_workspace(fp: Footprint, threads: int) -> float:
     """Bytes a CPU run holds beyond its live tensors (docs/memory.md): a fixed part, one weight-gradient
-    scratchpad of the largest weight per thread, oneDNN's copies of the largest activation, and the freed heap glibc
-    keeps where heap-served activations alternate with weight-sized blocks (bounded by the weights' size).
-    ``threads``: each rank's (:class:`~src.execution.Execution`)."""
+    scratchpad of the largest weight per thread, oneDNN's copies of the largest activation, the freed heap glibc
+    keeps where heap-served activations alternate with weight-sized blocks (bounded by the weights' size), and the
+    freed heap it keeps around the activations a checkpointed step recomputes. ``threads``: each rank's
+    (:class:`~src.execution.Execution`)."""
     copies = CPU_LARGEST_COPIES * min(fp.largest_activation, CPU_COPIED_MB * MIB)
     kept = CPU_HEAP_KEPT * min(fp.heap_activations, CPU_HEAP_KEPT_WEIGHTS * fp.largest_param)
-    return CPU_FIXED_MB * MIB + threads * fp.largest_param + copies + kept
+    recomputed = CPU_RECOMPUTE_KEPT * fp.recomputed
+    return CPU_FIXED_MB * MIB + threads * fp.largest_param + copies + kept + recomputed
 
 
 def graphed_terms(fp: Footprint, step_peak: int) -> dict[str, int]:

@@ -270,3 +270,13 @@ def test_the_memory_predictor_takes_other_cube_sizes(tmp_path):
         )
         prediction = memory.predict(cfg, on_cpu(cfg))
         assert prediction.data_mb == 6 * (size**3 + 8) / 2**20 and prediction.activations_mb > 0
+
+
+def test_the_heap_kept_around_recomputed_activations_is_a_share_of_what_checkpointing_does_not_save():
+    """A checkpointed step's recomputed activations (glibc keeps freed heap around them on CPU, docs/memory.md): what
+    the same model saves with checkpointing off beyond what it saves with it on; none without checkpointing."""
+    setting = ("model=densenet121", "model.stem=small", "amp=false")
+    plain, ckpt = (footprint(typed(*setting, f"model.checkpointing={c}"), 2) for c in ("false", "true"))
+    assert plain.recomputed == 0 and ckpt.recomputed == plain.activations - ckpt.activations > 0
+    extra = memory.cpu_workspace(ckpt, 1) - memory.cpu_workspace(dataclasses.replace(ckpt, recomputed=0), 1)
+    assert extra == pytest.approx(memory.CPU_RECOMPUTE_KEPT * ckpt.recomputed)

@@ -76,6 +76,18 @@ def _copies(module: nn.Module, state: dict[str, Any], prefix: str, metadata: Any
             state[name] = value.detach().clone()
 
 
+class FloatBatchNorm3d(nn.BatchNorm3d):
+    """A BatchNorm of a fused step on CUDA: a bf16 or float16 input normalized in float32, the output cast back (what
+    cuDNN's mixed-precision BatchNorm computes unfused). vmap's batch rule refused the bf16 input beside float32
+    running statistics in backward (``Expected running_mean to have type BFloat16``: torch 2.11, an H200,
+    2026-11-29)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype in (torch.bfloat16, torch.float16):
+            return super().forward(x.float()).to(x.dtype)
+        return super().forward(x)
+
+
 class StackedModel:
     """``modules`` (one shape) as stacked parameters and buffers, each module rebound to views of its slice; called on
     ``(N, B, ...)`` images (member i's batch at i) it returns ``(N, B, classes)`` logits. BatchNorm's running
@@ -93,6 +105,10 @@ class StackedModel:
                 owner._buffers[leaf] = self.buffers[name][index]
             module.register_state_dict_post_hook(_copies)
         self.base = copy.deepcopy(modules[0]).to("meta")  # the structure functional_call runs: no weights of its own
+        if next(iter(self.params.values())).is_cuda:
+            for norm in self.base.modules():
+                if type(norm) is nn.BatchNorm3d:
+                    norm.__class__ = FloatBatchNorm3d
         self.members = list(modules)
         self.member_params = [[module.get_parameter(name) for name in self.params] for module in modules]
 

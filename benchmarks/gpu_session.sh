@@ -63,7 +63,7 @@ budget=mem_budget_mb=24576  # a 24 GiB card's
 # the gpu-marked tests, those of the CUDA graph first (pytest's own order put them last, behind the sweeps'):
 # only these files are collected (the whole suite's collection imports every test module)
 gpu_tests=(tests/training/test_cuda.py tests/benchmarks/test_train_loops.py tests/parallel/test_mps.py
-  tests/parallel/test_machine_share.py tests/perf/test_autobatch.py)
+  tests/parallel/test_machine_share.py tests/perf/test_autobatch.py tests/training/test_fused.py)
 [ "${phases[*]:-}" = all ] && phases=(tests main mission share loops)
 [ "${phases[*]:-}" = issue43 ] && phases=(memory budget startup4 mission)
 [ ${#phases[@]} -gt 0 ] || { echo "error: no phase; $usage" >&2; exit 2; }

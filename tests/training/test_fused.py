@@ -4,6 +4,8 @@ predictions as an unfused run writes them; a member that ends is masked while th
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -14,7 +16,7 @@ from src.data.loaders import load_splits, make_loader
 from src.models import build_model
 from src.parallel.ranks import seed_everything
 from src.training import checkpoint
-from src.training.fused import StackedModel, build_fused, fusable
+from src.training.fused import FloatBatchNorm3d, StackedModel, build_fused, fusable
 from src.training.metrics import write_eval_artifacts
 from src.training.trainer import Diverged, Hooks, Trainer
 from tests.helpers import compose_config, on_cpu
@@ -253,3 +255,29 @@ def test_members_checkpoint_together_where_one_is_due(shared_data, tmp_path):
     logs = [(lambda m, s, i=i: events.append((i, s)), lambda m, s: None) for i in range(2)]
     fused.fit(logs, lambda index, result: None)
     assert events == [(0, 0), (1, 0), (0, 1), (1, 1)]
+
+
+def test_a_fused_cuda_batchnorm_normalizes_a_bf16_input_in_float32_and_returns_bf16():
+    """What a fused step's BatchNorm computes on CUDA (``FloatBatchNorm3d``, where vmap refused bf16 beside float32
+    statistics): the float32 normalization of the bf16 input, rounded to bf16; the statistics float32, as unfused."""
+    torch.manual_seed(0)
+    norm, images = torch.nn.BatchNorm3d(4), torch.randn(2, 4, 3, 3, 3).bfloat16()
+    upcast = copy.deepcopy(norm)
+    upcast.__class__ = FloatBatchNorm3d
+    out = upcast(images)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, norm(images.float()).bfloat16())
+    assert upcast.running_mean.dtype == torch.float32 and torch.equal(upcast.running_mean, norm.running_mean)
+    assert torch.equal(upcast(images.float()), norm(images.float()))  # float32 as before
+
+
+@pytest.mark.gpu
+def test_a_fused_bf16_step_on_cuda_trains_with_its_batchnorms_in_float32():
+    """On an H200 every fused bf16 group failed in backward (``Expected running_mean to have type BFloat16``)."""
+    nets = [bn_net().cuda(), bn_net().cuda()]
+    stacked = StackedModel(nets)
+    assert any(isinstance(module, FloatBatchNorm3d) for module in stacked.base.modules())
+    stacked.train()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = stacked(torch.randn(2, 3, 1, 9, 9, 9, device="cuda"))
+    logits.float().sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in stacked.params.values())
